@@ -1,0 +1,26 @@
+"""graphdist: compiled graph capture for synchronous data-parallel training.
+
+This module re-exports the public API of API.md and nothing else.
+"""
+
+from graphdist import config, data, nn, optimizers  # noqa: F401
+from graphdist.autodiff import GradientTape, value_and_grad
+from graphdist.distribute.context import (get_replica_context, get_strategy, has_strategy,
+                                          in_cross_replica_context)
+from graphdist.distribute.devices import devices
+from graphdist.distribute.strategy import OneDeviceStrategy, ReplicaContext
+from graphdist.distribute.values import (Mirrored, PerReplica, ReduceOp, ValueContext,
+                                         VariableAggregation, VariableSynchronization)
+from graphdist.errors import CheckpointError, GraphError, ShapeError, TraceError, WorkerError
+from graphdist.ir import Graph
+from graphdist.ops.array import (broadcast_to, cast, concat, expand_dims, one_hot, ones_like,
+                                 reshape, shape, split, squeeze, stop_gradient, transpose,
+                                 zeros_like)
+from graphdist.ops.math import (abs, add, divide, equal, exp, greater, greater_equal, less,
+                                less_equal, log, matmul, maximum, minimum, multiply, negative,
+                                not_equal, power, reduce_max, reduce_mean, reduce_sum, relu,
+                                sigmoid, sqrt, square, subtract, tanh, where)
+from graphdist.trace import Tensor, function, name_scope
+from graphdist.variables import Variable
+
+__version__ = "0.1.0"

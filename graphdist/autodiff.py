@@ -1,0 +1,138 @@
+"""Reverse-mode autodiff over the IR, driven by each op's vjp rule: GradientTape and
+value_and_grad. The backward pass is traced as ordinary eqns into the same graph."""
+
+from __future__ import annotations
+
+from graphdist.errors import TraceError
+from graphdist.ir import Var
+from graphdist.ops.array import ones_like
+from graphdist.ops.core import Symbolic, current_tracer
+from graphdist.ops.math import add
+from graphdist.trace import Tensor
+
+
+def backward(tracer, eqns, seeds: dict) -> dict:
+    """Cotangents of every Var reached from `seeds` (Var -> cotangent tensor)."""
+    cts = dict(seeds)
+    for eqn in reversed(eqns):
+        out_cts = [cts.get(v) for v in eqn.outputs]
+        if all(c is None for c in out_cts) or not eqn.op.differentiable:
+            continue
+        if eqn.op.vjp is None:
+            raise TraceError(f"op '{eqn.op}' has no vjp rule; see docs/adding_an_op.md")
+        ins = [Tensor(v, tracer) for v in eqn.inputs]
+        ct = out_cts[0] if eqn.op.num_outputs == 1 else tuple(out_cts)
+        in_cts = eqn.op.vjp(ct, *ins, **dict(eqn.params))
+        for v, c in zip(eqn.inputs, in_cts):
+            if c is None or not isinstance(v, Var) or v.ty.dtype.kind != "f":
+                continue
+            cts[v] = c if v not in cts else add(cts[v], c)
+    return cts
+
+
+class GradientTape:
+    """Records the ops run inside it so `gradient` can differentiate them (traced code only).
+
+    >>> with gd.GradientTape() as tape:
+    ...     loss = gd.reduce_sum(w * w)
+    >>> (dw,) = tape.gradient(loss, [w])
+    """
+
+    def __init__(self, persistent: bool = False, watch_accessed_variables: bool = True):
+        self.persistent = persistent
+        self.watch_accessed_variables = watch_accessed_variables
+        self._tracer = None
+        self._start = self._end = 0
+        self._watched: set = set()
+
+    def __enter__(self):
+        self._tracer = current_tracer()
+        if self._tracer is None:
+            raise TraceError("GradientTape records traced code: use it inside a gd.function or "
+                             "strategy.run (or use gd.value_and_grad, which also works eagerly)")
+        self._start = len(self._tracer.eqns)
+        self._end = None
+        return self
+
+    def __exit__(self, *exc):
+        self._end = len(self._tracer.eqns)
+        return False
+
+    def watch(self, value) -> None:
+        """Differentiate with respect to `value` too (tensors, non-trainable variables)."""
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            self._watched.add(v if isinstance(v, Symbolic) and not isinstance(v, Tensor)
+                              else self._tracer.lift(v))
+
+    def gradient(self, target, sources):
+        """d(sum of target)/d(source) for each source, None where target does not depend on it."""
+        tracer = self._tracer
+        if tracer is None or current_tracer() is not tracer:
+            raise TraceError("tape.gradient must be called inside the trace that recorded it")
+        end = len(tracer.eqns) if self._end is None else self._end
+        eqns = tracer.eqns[self._start:end]
+        targets = target if isinstance(target, (list, tuple)) else [target]
+        seeds: dict = {}
+        for t in targets:
+            v = tracer.lift(t)
+            if isinstance(v, Var):
+                seed = ones_like(Tensor(v, tracer))
+                seeds[v] = seed if v not in seeds else add(seeds[v], seed)
+        cts = backward(tracer, eqns, seeds)
+        produced = {o for e in eqns for o in e.outputs}
+        single = not isinstance(sources, (list, tuple))
+        grads = [self._grad_of(s, cts, produced) for s in ([sources] if single else sources)]
+        return grads[0] if single else grads
+
+    def _grad_of(self, source, cts, produced):
+        tracer = self._tracer
+        if isinstance(source, Symbolic) and not isinstance(source, Tensor):   # a Variable
+            if not (source.trainable and self.watch_accessed_variables) and \
+                    source not in self._watched:
+                return None
+            parts = [c for r, c in cts.items() if tracer.read_owner.get(r) is source]
+            if not parts:
+                return None
+            total = parts[0]
+            for p in parts[1:]:
+                total = add(total, p)
+            return total
+        v = tracer.lift(source)
+        if v not in self._watched and v not in produced:
+            return None
+        return cts.get(v)
+
+
+def value_and_grad(fn, argnums=0):
+    """fn -> a function returning (fn(*args), gradient of it w.r.t. args[argnums]).
+    Works in traced code and eagerly (it then traces and compiles fn itself).
+
+    >>> vg = gd.value_and_grad(lambda x: gd.reduce_sum(x * x))
+    >>> vg(np.ones(3, np.float32))[1]
+    array([2., 2., 2.], dtype=float32)
+    """
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    compiled = []
+
+    def traced(*args, **kwargs):
+        with GradientTape() as tape:
+            for i in nums:
+                tape.watch(args[i])
+            value = fn(*args, **kwargs)
+        grads = tape.gradient(value, [args[i] for i in nums])
+        return value, (grads[0] if isinstance(argnums, int) else tuple(grads))
+
+    def wrapper(*args, **kwargs):
+        for i in nums:
+            if i >= len(args):
+                raise ValueError(f"value_and_grad: argnums {argnums} but only {len(args)} "
+                                 "positional arguments were given")
+        if current_tracer() is not None:
+            return traced(*args, **kwargs)
+        if not compiled:
+            from graphdist.trace import function
+
+            compiled.append(function(traced))
+        return compiled[0](*args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,51 @@
+"""Process-wide settings users change at run time (`gd.config.*`)."""
+
+from __future__ import annotations
+
+import logging
+
+_state = {"explain_retraces": False, "fused_kernels": True, "logical_devices": {},
+          "collective_timeout": 60.0}
+
+logger = logging.getLogger("graphdist")
+
+
+def explain_retraces(enabled: bool = True) -> None:
+    """Log, on each retrace of a `gd.function`, which part of the signature changed.
+
+    >>> gd.config.explain_retraces(True)
+    """
+    _state["explain_retraces"] = bool(enabled)
+
+
+def set_fused_kernels(enabled: bool) -> None:
+    """Run optimizer updates as fused multi-tensor kernels (True) or as numpy ops (False)."""
+    _state["fused_kernels"] = bool(enabled)
+
+
+def fused_kernels() -> bool:
+    return _state["fused_kernels"]
+
+
+def set_logical_device_count(kind: str, n: int) -> None:
+    """Split the physical devices of `kind` into `n` logical devices (round robin)."""
+    if kind not in ("cpu", "gpu"):
+        raise ValueError(f"set_logical_device_count: kind must be 'cpu' or 'gpu', got {kind!r}")
+    if int(n) < 1:
+        raise ValueError(f"set_logical_device_count: n must be >= 1, got {n}")
+    _state["logical_devices"][kind] = int(n)
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """How long a collective waits for its peers before raising instead of hanging."""
+    if seconds <= 0:
+        raise ValueError(f"set_collective_timeout: seconds must be > 0, got {seconds}")
+    _state["collective_timeout"] = float(seconds)
+
+
+def collective_timeout() -> float:
+    return _state["collective_timeout"]
+
+
+def logical_device_count(kind: str) -> int | None:
+    return _state["logical_devices"].get(kind)

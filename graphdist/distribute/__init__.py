@@ -1,0 +1,1 @@
+"""Strategies, contexts, per-replica values and device handling."""

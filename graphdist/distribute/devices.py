@@ -1,0 +1,53 @@
+"""Device strings ("cpu:N", "gpu:N"): parsing, validation and what exists on this machine."""
+
+from __future__ import annotations
+
+import functools
+
+from graphdist import config
+
+
+@functools.cache
+def physical_gpu_count() -> int:
+    try:
+        import cupy  # noqa: PLC0415 - optional, imported only when asked about GPUs
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver, no device: all mean "no GPU"
+        return 0
+
+
+def gpu_count() -> int:
+    physical = physical_gpu_count()
+    return (config.logical_device_count("gpu") or physical) if physical else 0
+
+
+def devices(kind: str | None = None) -> list[str]:
+    """The devices graphdist can place work on: ["cpu:0"] plus one "gpu:i" per logical GPU.
+
+    >>> gd.devices("cpu")
+    ['cpu:0']
+    """
+    found = ["cpu:0"] + [f"gpu:{i}" for i in range(gpu_count())]
+    if kind is None:
+        return found
+    if kind not in ("cpu", "gpu"):
+        raise ValueError(f"devices: kind must be 'cpu', 'gpu' or None, got {kind!r}")
+    return [d for d in found if d.startswith(kind)]
+
+
+def canonical(device) -> str:
+    """'CPU:0', '/device:cpu:0', 'cpu' -> 'cpu:0'; raises ValueError for unknown devices."""
+    text = str(device).strip().lower().removeprefix("/device:").removeprefix("/")
+    kind, _, index = text.partition(":")
+    index = index or "0"
+    if kind not in ("cpu", "gpu") or not index.isdigit():
+        raise ValueError(f"unknown device {device!r}; devices here: {devices()} "
+                         "(any 'cpu:N' is a valid logical CPU device)")
+    if kind == "gpu" and int(index) >= gpu_count():
+        raise ValueError(f"device {device!r} is not available; devices here: {devices()}")
+    return f"{kind}:{int(index)}"
+
+
+def default_device() -> str:
+    return "gpu:0" if gpu_count() else "cpu:0"

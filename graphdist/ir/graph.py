@@ -1,0 +1,128 @@
+"""The IR: Var, Lit, Eqn and Graph, all immutable plain data (passes build new graphs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from graphdist.ir.types import ArrayType
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Var:
+    """An SSA value. Hashes by identity; `hint` is the name users gave it, if any."""
+
+    ty: ArrayType
+    hint: str | None = None
+    device: str | None = None
+
+    @property
+    def shape(self):
+        return self.ty.shape
+
+    @property
+    def dtype(self):
+        return self.ty.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Lit:
+    """An inline scalar constant."""
+
+    value: object
+    ty: ArrayType
+
+    def __str__(self) -> str:
+        value = self.value.item() if hasattr(self.value, "item") else self.value
+        return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Eqn:
+    """One node: `outputs = op[params] inputs`, placed on `device` after replication.
+
+    `scope` is the `gd.name_scope` path it was traced in; `source` the user's line.
+    """
+
+    op: object  # graphdist.ops.core.Op; kept untyped so ir/ does not import ops/
+    inputs: tuple
+    outputs: tuple
+    params: tuple = ()
+    device: str | None = None
+    scope: str = ""
+    source: str = ""
+
+    @property
+    def attrs(self) -> dict:
+        return dict(self.params)
+
+    def __str__(self) -> str:
+        from graphdist.ir.printer import eqn_text
+
+        return eqn_text(self)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Graph:
+    """A flat, topologically ordered list of eqns in SSA form.
+
+    `inputs` are the call's array arguments followed by one state Var per captured
+    variable (`variables[i]` pairs with `inputs[num_args + i]`); `outputs` are the results
+    followed by each variable's final state, in the same variable order.
+    """
+
+    inputs: tuple
+    eqns: tuple
+    outputs: tuple
+    variables: tuple = ()
+    devices: tuple = ()
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def num_args(self) -> int:
+        return len(self.inputs) - len(self.variables)
+
+    @property
+    def num_results(self) -> int:
+        return len(self.outputs) - len(self.variables)
+
+    @property
+    def nodes(self) -> tuple:
+        return self.eqns
+
+    def __len__(self) -> int:
+        return len(self.eqns)
+
+    def __iter__(self):
+        return iter(self.eqns)
+
+    def __str__(self) -> str:
+        from graphdist.ir.printer import graph_text
+
+        return graph_text(self)
+
+    def __repr__(self) -> str:
+        return f"<Graph: {len(self.eqns)} eqns, {len(self.inputs)} inputs, devices={self.devices}>"
+
+    def replace(self, **changes) -> Graph:
+        return replace(self, **changes)
+
+    # Views of the graph; each lives in graphdist.viz and only reads the IR.
+    def to_networkx(self):
+        from graphdist.viz.nx import to_networkx
+
+        return to_networkx(self)
+
+    def to_dot(self) -> str:
+        from graphdist.viz.dot import to_dot
+
+        return to_dot(self)
+
+    def to_html(self, path) -> str:
+        from graphdist.viz.html import to_html
+
+        return to_html(self, path)
+
+    def summary(self) -> str:
+        from graphdist.viz.summary import summary
+
+        return summary(self)

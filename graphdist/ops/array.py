@@ -1,0 +1,331 @@
+"""Shape and layout ops (reshape, transpose, concat, split, indexing...), casts and fills."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from graphdist.errors import ShapeError
+from graphdist.ir.types import ArrayType, as_dtype
+from graphdist.ops.core import Op, bind, normalize_axis, same_dtype
+
+# ---------------------------------------------------------------- reshape family (views)
+
+reshape_p = Op("reshape", view=True)
+
+
+def resolve_shape(op_name: str, ty: ArrayType, shape) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in shape)
+    if shape.count(-1) > 1:
+        raise ShapeError(f"{op_name}: at most one -1 allowed, got {shape}")
+    known = math.prod(d for d in shape if d != -1)
+    if -1 in shape:
+        if known == 0 or ty.size % known:
+            raise ShapeError(f"{op_name}: cannot reshape {ty} to {shape}")
+        shape = tuple(ty.size // known if d == -1 else d for d in shape)
+    if math.prod(shape) != ty.size or any(d < 0 for d in shape):
+        raise ShapeError(f"{op_name}: cannot reshape {ty} ({ty.size} elements) to {shape}")
+    return shape
+
+
+reshape_p.def_shape(lambda x, *, shape: ArrayType(resolve_shape("reshape", x, shape), x.dtype))
+reshape_p.def_impl(lambda xp, x, *, shape: xp.reshape(x, shape))
+reshape_p.def_vjp(lambda ct, x, *, shape: (reshape(ct, x.ty.shape),))
+
+transpose_p = Op("transpose", view=True)
+
+
+def _perm(x: ArrayType, perm):
+    if perm is None:
+        return tuple(reversed(range(x.ndim)))
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"transpose: perm {perm} is not a permutation of the axes of {x}")
+    return tuple(perm)
+
+
+@transpose_p.def_shape
+def _transpose_shape(x, *, perm):
+    return ArrayType(tuple(x.shape[p] for p in _perm(x, perm)), x.dtype)
+
+
+transpose_p.def_impl(lambda xp, x, *, perm: xp.transpose(x, perm))
+transpose_p.def_vjp(lambda ct, x, *, perm: (
+    transpose(ct, tuple(int(i) for i in np.argsort(_perm(x.ty, perm)))),))
+
+broadcast_p = Op("broadcast_to", view=True)
+
+
+@broadcast_p.def_shape
+def _broadcast_shape(x, *, shape):
+    try:
+        if tuple(np.broadcast_shapes(x.shape, shape)) != tuple(shape):
+            raise ValueError
+    except ValueError:
+        raise ShapeError(f"broadcast_to: cannot broadcast x:{x} to {tuple(shape)}") from None
+    return ArrayType(tuple(shape), x.dtype)
+
+
+broadcast_p.def_impl(lambda xp, x, *, shape: xp.broadcast_to(x, shape))
+
+
+@broadcast_p.def_vjp
+def _broadcast_vjp(ct, x, *, shape):
+    from graphdist.ops.math import unbroadcast
+
+    return (unbroadcast(ct, x.ty),)
+
+
+stop_gradient_p = Op("stop_gradient", view=True, differentiable=False)
+stop_gradient_p.def_shape(lambda x: x)
+stop_gradient_p.def_impl(lambda xp, x: x)
+
+# ---------------------------------------------------------------- concat / split
+
+concat_p = Op("concat")
+
+
+@concat_p.def_shape
+def _concat_shape(*xs, axis):
+    if not xs:
+        raise ShapeError("concat: needs at least one value")
+    dtype = same_dtype("concat", *xs)
+    (ax,) = normalize_axis("concat", axis, xs[0].ndim)
+    for x in xs:
+        if x.ndim != xs[0].ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, xs[0].shape))
+                                       if i != ax):
+            raise ShapeError(f"concat: shapes differ off axis {axis}: "
+                             + ", ".join(str(t) for t in xs))
+    shape = list(xs[0].shape)
+    shape[ax] = sum(x.shape[ax] for x in xs)
+    return ArrayType(tuple(shape), dtype)
+
+
+concat_p.def_impl(lambda xp, *xs, axis: xp.concatenate(xs, axis=axis))
+
+
+@concat_p.def_vjp
+def _concat_vjp(ct, *xs, axis):
+    (ax,) = normalize_axis("concat", axis, xs[0].ty.ndim)
+    return split(ct, [x.ty.shape[ax] for x in xs], axis)
+
+
+split_p = Op("split", num_outputs=None)
+
+
+@split_p.def_shape
+def _split_shape(x, *, sizes, axis):
+    (ax,) = normalize_axis("split", axis, x.ndim)
+    if sum(sizes) != x.shape[ax] or any(s < 0 for s in sizes):
+        raise ShapeError(f"split: sizes {sizes} do not add up to axis {axis} of {x}")
+    return tuple(ArrayType(x.shape[:ax] + (s,) + x.shape[ax + 1:], x.dtype) for s in sizes)
+
+
+split_p.def_impl(lambda xp, x, *, sizes, axis: tuple(
+    xp.split(x, np.cumsum(sizes)[:-1].tolist(), axis=axis)))
+
+
+@split_p.def_vjp
+def _split_vjp(cts, x, *, sizes, axis):
+    ax = normalize_axis("split", axis, x.ty.ndim)[0]
+    parts = [ct if ct is not None else
+             zeros(x.ty.shape[:ax] + (s,) + x.ty.shape[ax + 1:], x.ty.dtype)
+             for ct, s in zip(cts, sizes)]
+    return (concat(parts, axis),)
+
+
+# ---------------------------------------------------------------- dtype, fills, shape
+
+cast_p = Op("cast", elementwise=True)
+cast_p.def_shape(lambda x, *, dtype: ArrayType(x.shape, dtype))
+cast_p.def_impl(lambda xp, x, *, dtype: x.astype(dtype))
+cast_p.def_out(lambda xp, out, x, *, dtype: xp.copyto(out, x, casting="unsafe"))
+cast_p.def_vjp(lambda ct, x, *, dtype: (
+    cast(ct, x.ty.dtype) if x.ty.dtype.kind == "f" and np.dtype(dtype).kind == "f" else None,))
+
+fill_p = Op("fill", differentiable=False)
+fill_p.def_shape(lambda *, shape, dtype, value: ArrayType(tuple(shape), dtype))
+fill_p.def_impl(lambda xp, *, shape, dtype, value: xp.full(shape, value, dtype=dtype))
+
+shape_p = Op("shape", differentiable=False)
+shape_p.def_shape(lambda x: ArrayType((x.ndim,), np.dtype("int32")))
+shape_p.def_impl(lambda xp, x: xp.asarray(x.shape, dtype=np.int32))
+shape_p.def_cost(lambda ins, outs: (0, outs[0].nbytes))
+
+one_hot_p = Op("one_hot", differentiable=False)
+
+
+@one_hot_p.def_shape
+def _one_hot_shape(indices, *, depth, dtype):
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"one_hot: indices must be integers, got {indices}")
+    return ArrayType(indices.shape + (depth,), dtype)
+
+
+one_hot_p.def_impl(lambda xp, i, *, depth, dtype: (
+    i[..., None] == xp.arange(depth, dtype=i.dtype)).astype(dtype))
+
+# ---------------------------------------------------------------- indexing
+
+
+def _index_param(index) -> tuple:
+    """Hashable form of a basic numpy index (ints, slices, None, Ellipsis)."""
+    items = index if isinstance(index, tuple) else (index,)
+    out = []
+    for it in items:
+        if isinstance(it, slice):
+            out.append(("slice", it.start, it.stop, it.step))
+        elif it is None or it is Ellipsis or isinstance(it, (int, np.integer)):
+            out.append(int(it) if isinstance(it, (int, np.integer)) else it)
+        else:
+            raise TypeError(f"getitem: only ints, slices, None and ... index a tensor, got "
+                            f"{type(it).__name__}; use gd.where or gd.one_hot for the rest")
+    return tuple(out)
+
+
+def _index_value(param: tuple) -> tuple:
+    return tuple(slice(*it[1:]) if isinstance(it, tuple) else it for it in param)
+
+
+def _index_shape(ty: ArrayType, index: tuple) -> tuple[int, ...]:
+    try:
+        return np.empty(ty.shape, dtype=np.bool_)[_index_value(index)].shape  # uses no data
+    except IndexError as e:
+        raise ShapeError(f"getitem: {e} (indexing {ty})") from None
+
+
+getitem_p = Op("getitem", view=True)
+getitem_p.def_shape(lambda x, *, index: ArrayType(_index_shape(x, index), x.dtype))
+getitem_p.def_impl(lambda xp, x, *, index: x[_index_value(index)])
+getitem_p.def_vjp(lambda ct, x, *, index: (bind(scatter_p, ct, index=index, shape=x.ty.shape),))
+
+scatter_p = Op("index_scatter")  # zeros of `shape` with ct written at `index`: getitem's vjp
+scatter_p.def_shape(lambda ct, *, index, shape: ArrayType(tuple(shape), ct.dtype))
+
+
+@scatter_p.def_impl
+def _scatter_impl(xp, ct, *, index, shape):
+    out = xp.zeros(shape, dtype=ct.dtype)
+    out[_index_value(index)] = ct
+    return out
+
+
+scatter_p.def_vjp(lambda ct, g, *, index, shape: (getitem(ct, index),))
+
+# ---------------------------------------------------------------- constants
+
+
+class Const:
+    """A numpy array held as an op parameter; hashes by identity so params stay hashable."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __str__(self) -> str:
+        v = self.value
+        return np.array2string(v, precision=4) if v.size <= 4 else f"<{ArrayType(v.shape, v.dtype)}>"
+
+
+constant_p = Op("constant", differentiable=False)
+constant_p.def_shape(lambda *, value: ArrayType(value.value.shape, value.value.dtype))
+constant_p.def_impl(lambda xp, *, value: xp.asarray(value.value))
+constant_p.def_cost(lambda ins, outs, **_: (0, 0))
+
+# ---------------------------------------------------------------- public functions
+
+
+def reshape(x, shape):
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+    return bind(reshape_p, x, shape=shape)
+
+
+def transpose(x, perm=None):
+    return bind(transpose_p, x, perm=None if perm is None else tuple(int(p) for p in perm))
+
+
+def swap_last(x):
+    n = len(x.shape)
+    return transpose(x, tuple(range(n - 2)) + (n - 1, n - 2))
+
+
+def broadcast_to(x, shape):
+    shape = tuple(int(d) for d in shape)
+    if tuple(getattr(x, "shape", np.shape(x))) == shape:
+        return x
+    return bind(broadcast_p, x, shape=shape)
+
+
+def expand_dims(x, axis):
+    shape = list(getattr(x, "shape", np.shape(x)))
+    (ax,) = normalize_axis("expand_dims", axis, len(shape) + 1)
+    shape.insert(ax, 1)
+    return reshape(x, shape)
+
+
+def squeeze(x, axis=None):
+    shape = tuple(getattr(x, "shape", np.shape(x)))
+    axes = (tuple(i for i, d in enumerate(shape) if d == 1) if axis is None
+            else normalize_axis("squeeze", axis, len(shape)))
+    for a in axes:
+        if shape[a] != 1:
+            raise ShapeError(f"squeeze: axis {a} of shape {shape} has size {shape[a]}, not 1")
+    return reshape(x, [d for i, d in enumerate(shape) if i not in axes])
+
+
+def concat(values, axis=0):
+    return bind(concat_p, *values, axis=int(axis))
+
+
+def split(x, num_or_sizes, axis=0):
+    """Split along `axis` into equal parts (an int) or parts of the given sizes (a list)."""
+    shape = tuple(getattr(x, "shape", np.shape(x)))
+    n = shape[normalize_axis("split", axis, len(shape))[0]]
+    if isinstance(num_or_sizes, (int, np.integer)):
+        if num_or_sizes <= 0 or n % num_or_sizes:
+            raise ShapeError(f"split: axis {axis} of size {n} does not split into "
+                             f"{num_or_sizes} equal parts")
+        sizes = (n // int(num_or_sizes),) * int(num_or_sizes)
+    else:
+        sizes = tuple(int(s) for s in num_or_sizes)
+    return list(bind(split_p, x, sizes=sizes, axis=int(axis)))
+
+
+def cast(x, dtype):
+    dtype = as_dtype(dtype)
+    if getattr(x, "dtype", None) == dtype:
+        return x
+    return bind(cast_p, x, dtype=dtype)
+
+
+def stop_gradient(x):
+    return bind(stop_gradient_p, x)
+
+
+def zeros(shape, dtype="float32"):
+    return bind(fill_p, shape=tuple(int(d) for d in shape), dtype=as_dtype(dtype), value=0)
+
+
+def zeros_like(x):
+    return bind(fill_p, shape=tuple(x.shape), dtype=np.dtype(x.dtype), value=0)
+
+
+def ones_like(x):
+    return bind(fill_p, shape=tuple(x.shape), dtype=np.dtype(x.dtype), value=1)
+
+
+def shape(x):
+    return bind(shape_p, x)
+
+
+def one_hot(indices, depth, dtype="float32"):
+    return bind(one_hot_p, indices, depth=int(depth), dtype=as_dtype(dtype))
+
+
+def getitem(x, index):
+    return bind(getitem_p, x, index=_index_param(index) if not _is_param(index) else index)
+
+
+def _is_param(index) -> bool:
+    return isinstance(index, tuple) and any(isinstance(i, tuple) for i in index)

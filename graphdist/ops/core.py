@@ -1,0 +1,216 @@
+"""Op and the OPS registry, plus bind(): the one door through which every op is applied.
+
+bind() sends an op to the active tracer when any argument is symbolic (a gd.Tensor or a
+Variable inside a trace) and otherwise runs it eagerly on numpy, checking the same rules.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from graphdist.errors import ShapeError
+from graphdist.ir.types import DEFAULT_FLOAT, ArrayType, as_dtype
+
+OPS: dict[str, Op] = {}
+
+
+class Symbolic:
+    """Base of values an op must route to the tracer (gd.Tensor, gd.Variable)."""
+
+    __slots__ = ()
+
+
+class Op:
+    """Everything graphdist knows about one op: shape rule, impl, vjp, cost and kernels."""
+
+    def __init__(self, name: str, *, num_outputs: int = 1, elementwise: bool = False,
+                 collective: bool = False, stateful: bool = False, view: bool = False,
+                 differentiable: bool = True, ufunc: str | None = None):
+        if name in OPS:
+            raise ValueError(f"op {name!r} is already registered")
+        self.name = name
+        self.num_outputs = num_outputs
+        self.elementwise = elementwise
+        self.collective = collective
+        self.stateful = stateful      # reads or writes variable state: never merged or dropped
+        self.view = view              # output may alias its first input's buffer
+        self.alias_input = 0 if view else None   # the input whose buffer the output shares
+        self.inplace: dict[int, int] = {}        # output -> input a kernel updates in place
+        self.differentiable = differentiable
+        self.ufunc = ufunc            # numpy/cupy ufunc name: lets the lowering pass out=
+        self.shape_rule = None
+        self.impl = None
+        self.out_impl = None          # impl(xp, out, *ins, **params) writing into `out`
+        self.vjp = None
+        self.cost_rule = None
+        self.kernels: dict[str, str] = {}
+        OPS[name] = self
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"Op({self.name!r})"
+
+    def __eq__(self, other) -> bool:
+        return self is other or (isinstance(other, str) and other == self.name)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def def_shape(self, fn):
+        self.shape_rule = fn
+        return fn
+
+    def def_impl(self, fn):
+        self.impl = fn
+        return fn
+
+    def def_out(self, fn):
+        self.out_impl = fn
+        return fn
+
+    def def_vjp(self, fn):
+        self.vjp = fn
+        return fn
+
+    def def_cost(self, fn):
+        self.cost_rule = fn
+        return fn
+
+    def def_kernel(self, backend: str, path: str) -> None:
+        self.kernels[backend] = path
+
+    def out_types(self, *in_types: ArrayType, **params) -> tuple[ArrayType, ...]:
+        out = self.shape_rule(*in_types, **params)
+        return out if isinstance(out, tuple) else (out,)
+
+    def cost(self, in_types, out_types, params) -> tuple[int, int]:
+        """(FLOPs, bytes touched) of one application; used by summaries and profiles."""
+        if self.cost_rule is not None:
+            return self.cost_rule(in_types, out_types, **params)
+        moved = sum(t.nbytes for t in (*in_types, *out_types))
+        if self.view:
+            return 0, 0
+        return (sum(t.size for t in out_types) if self.elementwise else 0), moved
+
+
+# ---------------------------------------------------------------- binding
+
+_tracers: list = []
+
+
+def current_tracer():
+    return _tracers[-1] if _tracers else None
+
+
+def push_tracer(tracer) -> None:
+    _tracers.append(tracer)
+
+
+def pop_tracer(tracer) -> None:
+    assert _tracers and _tracers[-1] is tracer, "tracer stack out of order"
+    _tracers.pop()
+
+
+def is_python_scalar(x) -> bool:
+    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
+
+
+def scalar_dtype(op_name: str, value, strong: list[np.dtype]) -> np.dtype:
+    """The dtype a Python scalar takes next to typed operands (JAX-style weak typing)."""
+    kind = "b" if isinstance(value, bool) else "i" if isinstance(value, numbers.Integral) else "f"
+    for dt in strong:
+        if dt.kind == "b" and kind != "b":
+            continue
+        if kind == "b" or dt.kind == kind or (kind == "i" and dt.kind == "f"):
+            return dt
+        if kind == "f" and dt.kind in "iub":
+            raise TypeError(f"{op_name}: a Python float ({value!r}) meets a {dt} tensor; "
+                            f"use gd.cast(x, 'float32') first")
+    return np.dtype("bool") if kind == "b" else np.dtype("int32") if kind == "i" else DEFAULT_FLOAT
+
+
+def dtype_of(x) -> np.dtype | None:
+    dt = getattr(x, "dtype", None)
+    return np.dtype(dt) if dt is not None else None
+
+
+def resolve_scalars(op: Op, args: tuple) -> tuple:
+    """Turn Python scalars into 0-d numpy arrays of the dtype their typed neighbours imply."""
+    if not any(is_python_scalar(a) for a in args):
+        return args
+    strong = [dt for a in args if not is_python_scalar(a) and (dt := dtype_of(a)) is not None]
+    return tuple(np.asarray(a, dtype=scalar_dtype(op.name, a, strong if op.elementwise else []))
+                 if is_python_scalar(a) else a for a in args)
+
+
+def bind(op: Op, *args, **params):
+    """Apply `op`: record it in the active trace, or run it now on numpy arrays."""
+    tracer = current_tracer()
+    if tracer is not None and (not args or any(isinstance(a, Symbolic) for a in args)):
+        return tracer.emit(op, resolve_scalars(op, args), params)
+    return run_eagerly(op, args, params)
+
+
+def run_eagerly(op: Op, args: tuple, params: dict):
+    arrays = [a.eager_value() if isinstance(a, Symbolic) else a for a in args]
+    arrays = [np.asarray(a) for a in resolve_scalars(op, tuple(arrays))]
+    for a in arrays:
+        as_dtype(a.dtype)
+    op.out_types(*(ArrayType(a.shape, a.dtype) for a in arrays), **params)
+    out = op.impl(np, *arrays, **params)
+    if op.num_outputs == 1:
+        return np.asarray(out) if not isinstance(out, np.ndarray) else out
+    return tuple(np.asarray(o) for o in out)
+
+
+# ---------------------------------------------------------------- rule helpers
+
+
+def _fmt(names, tys) -> str:
+    return ", ".join(f"{n}:{t}" for n, t in zip(names, tys))
+
+
+def same_dtype(op_name: str, *tys: ArrayType, names=None) -> np.dtype:
+    dts = {t.dtype for t in tys}
+    if len(dts) > 1:
+        names = names or [f"x{i}" for i in range(len(tys))]
+        raise TypeError(f"{op_name}: dtypes differ ({_fmt(names, tys)}); "
+                        f"use gd.cast to make them agree")
+    return tys[0].dtype
+
+
+def broadcast_shapes(op_name: str, *tys: ArrayType, names=None) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*(t.shape for t in tys)))
+    except ValueError:
+        names = names or [f"x{i}" for i in range(len(tys))]
+        raise ShapeError(f"{op_name}: shapes do not broadcast: {_fmt(names, tys)}") from None
+
+
+def broadcast_types(op_name: str, *tys: ArrayType, names=None) -> ArrayType:
+    dtype = same_dtype(op_name, *tys, names=names)
+    return ArrayType(broadcast_shapes(op_name, *tys, names=names), dtype)
+
+
+def require_float(op_name: str, ty: ArrayType) -> None:
+    if ty.dtype.kind != "f":
+        raise TypeError(f"{op_name}: expected a float tensor, got {ty}; use gd.cast first")
+
+
+def normalize_axis(op_name: str, axis, ndim: int) -> tuple[int, ...]:
+    """Axis argument -> sorted tuple of non-negative axes; None means all."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ShapeError(f"{op_name}: axis {a} is out of range for rank {ndim}")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{op_name}: repeated axis in {axis}")
+    return tuple(sorted(out))

@@ -1,0 +1,418 @@
+"""Elementwise math, comparisons, reductions and matmul: one block per op."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdist.errors import ShapeError
+from graphdist.ir.types import ArrayType
+from graphdist.ops.core import (Op, bind, broadcast_types, normalize_axis, require_float,
+                                same_dtype)
+
+# ---------------------------------------------------------------- helpers for vjp rules
+
+
+def unbroadcast(ct, ty: ArrayType):
+    """Sum a cotangent back down to the shape `ty` it was broadcast from."""
+    if tuple(ct.shape) == ty.shape:
+        return ct
+    lead = len(ct.shape) - ty.ndim
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(ty.shape) if d == 1 and ct.shape[lead + i] != 1)
+    from graphdist.ops.array import reshape
+
+    return reshape(reduce_sum(ct, axis=axes), ty.shape)
+
+
+def _binary(name: str, ufunc: str) -> Op:
+    op = Op(name, elementwise=True, ufunc=ufunc)
+    op.def_shape(lambda x, y: broadcast_types(name, x, y, names=("x", "y")))
+    op.def_impl(lambda xp, x, y: getattr(xp, ufunc)(x, y))
+    return op
+
+
+def _unary(name: str, ufunc: str | None = None, floats_only: bool = True) -> Op:
+    op = Op(name, elementwise=True, ufunc=ufunc)
+
+    @op.def_shape
+    def _shape(x):
+        if floats_only:
+            require_float(name, x)
+        return x
+
+    if ufunc:
+        op.def_impl(lambda xp, x: getattr(xp, ufunc)(x))
+    return op
+
+
+# ---------------------------------------------------------------- binary arithmetic
+
+add_p = _binary("add", "add")
+add_p.def_vjp(lambda ct, x, y: (unbroadcast(ct, x.ty), unbroadcast(ct, y.ty)))
+
+sub_p = _binary("sub", "subtract")
+sub_p.def_vjp(lambda ct, x, y: (unbroadcast(ct, x.ty), unbroadcast(negative(ct), y.ty)))
+
+mul_p = _binary("mul", "multiply")
+mul_p.def_vjp(lambda ct, x, y: (unbroadcast(multiply(ct, y), x.ty),
+                                unbroadcast(multiply(ct, x), y.ty)))
+
+div_p = _binary("div", "divide")
+
+
+@div_p.def_shape
+def _div_shape(x, y):
+    ty = broadcast_types("div", x, y, names=("x", "y"))
+    require_float("div", ty)
+    return ty
+
+
+@div_p.def_vjp
+def _div_vjp(ct, x, y):
+    gx = divide(ct, y)
+    return unbroadcast(gx, x.ty), unbroadcast(negative(multiply(gx, divide(x, y))), y.ty)
+
+
+pow_p = _binary("pow", "power")
+
+
+@pow_p.def_vjp
+def _pow_vjp(ct, x, y):
+    out = power(x, y)
+    gx = multiply(ct, multiply(y, power(x, subtract(y, 1))))
+    # d/dy x^y = x^y log x, taken as 0 where x <= 0 (as TF does) so 0^y stays finite
+    safe_log = log(where(greater(x, 0), x, 1))
+    gy = multiply(ct, multiply(out, safe_log))
+    return unbroadcast(gx, x.ty), unbroadcast(gy, y.ty)
+
+
+max_p = _binary("maximum", "maximum")
+min_p = _binary("minimum", "minimum")
+
+
+def _select_vjp(pick_x):
+    def vjp(ct, x, y):
+        mask = pick_x(x, y)
+        return (unbroadcast(where(mask, ct, 0), x.ty), unbroadcast(where(mask, 0, ct), y.ty))
+    return vjp
+
+
+max_p.def_vjp(_select_vjp(lambda x, y: greater_equal(x, y)))
+min_p.def_vjp(_select_vjp(lambda x, y: less_equal(x, y)))
+
+# ---------------------------------------------------------------- comparisons (no gradient)
+
+_COMPARISONS = {"equal": "equal", "not_equal": "not_equal", "less": "less",
+                "less_equal": "less_equal", "greater": "greater",
+                "greater_equal": "greater_equal"}
+compare_p = {}
+for _name, _ufunc in _COMPARISONS.items():
+    _op = Op(_name, elementwise=True, ufunc=_ufunc, differentiable=False)
+    _op.def_shape(lambda x, y, _n=_name: ArrayType(
+        broadcast_types(_n, x, y, names=("x", "y")).shape, np.dtype(bool)))
+    _op.def_impl(lambda xp, x, y, _u=_ufunc: getattr(xp, _u)(x, y))
+    compare_p[_name] = _op
+
+# ---------------------------------------------------------------- unary
+
+neg_p = _unary("neg", "negative", floats_only=False)
+neg_p.def_vjp(lambda ct, x: (negative(ct),))
+
+exp_p = _unary("exp", "exp")
+exp_p.def_vjp(lambda ct, x: (multiply(ct, exp(x)),))
+
+log_p = _unary("log", "log")
+log_p.def_vjp(lambda ct, x: (divide(ct, x),))
+
+sqrt_p = _unary("sqrt", "sqrt")
+sqrt_p.def_vjp(lambda ct, x: (divide(multiply(ct, 0.5), sqrt(x)),))
+
+tanh_p = _unary("tanh", "tanh")
+tanh_p.def_vjp(lambda ct, x: (multiply(ct, subtract(1.0, square(tanh(x)))),))
+
+square_p = _unary("square", "square", floats_only=False)
+square_p.def_vjp(lambda ct, x: (multiply(ct, multiply(x, 2)),))
+
+abs_p = _unary("abs", "abs", floats_only=False)
+abs_p.def_vjp(lambda ct, x: (multiply(ct, sign(x)),))
+
+sign_p = _unary("sign", "sign", floats_only=False)
+sign_p.differentiable = False
+
+sigmoid_p = _unary("sigmoid")
+
+
+@sigmoid_p.def_impl
+def _sigmoid_impl(xp, x):
+    # 0.5 * (1 + tanh(x/2)) is exact in the tails where 1/(1+exp(-x)) overflows
+    return (xp.tanh(x * x.dtype.type(0.5)) + 1) * x.dtype.type(0.5)
+
+
+@sigmoid_p.def_out
+def _sigmoid_out(xp, out, x):
+    xp.multiply(x, x.dtype.type(0.5), out=out)
+    xp.tanh(out, out=out)
+    xp.add(out, 1, out=out)
+    xp.multiply(out, x.dtype.type(0.5), out=out)
+
+
+@sigmoid_p.def_vjp
+def _sigmoid_vjp(ct, x):
+    s = sigmoid(x)
+    return (multiply(ct, multiply(s, subtract(1.0, s))),)
+
+
+relu_p = _unary("relu", floats_only=False)
+relu_p.def_impl(lambda xp, x: xp.maximum(x, 0))
+relu_p.def_out(lambda xp, out, x: xp.maximum(x, 0, out=out))
+relu_p.def_vjp(lambda ct, x: (where(greater(x, 0), ct, 0),))
+
+# ---------------------------------------------------------------- where
+
+where_p = Op("where", elementwise=True)
+
+
+@where_p.def_shape
+def _where_shape(cond, x, y):
+    if cond.dtype != np.dtype(bool):
+        raise TypeError(f"where: condition must be bool, got {cond}")
+    ty = broadcast_types("where", x, y, names=("x", "y"))
+    return ArrayType(broadcast_types("where", ArrayType(cond.shape, ty.dtype), ty,
+                                     names=("cond", "x|y")).shape, ty.dtype)
+
+
+where_p.def_impl(lambda xp, c, x, y: xp.where(c, x, y))
+
+
+@where_p.def_vjp
+def _where_vjp(ct, c, x, y):
+    return None, unbroadcast(where(c, ct, 0), x.ty), unbroadcast(where(c, 0, ct), y.ty)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _reduce(name: str, fn: str, floats_only=False) -> Op:
+    op = Op(name)
+
+    @op.def_shape
+    def _shape(x, *, axis, keepdims):
+        if floats_only:
+            require_float(name, x)
+        axes = normalize_axis(name, axis, x.ndim)
+        if name == "reduce_max" and any(x.shape[a] == 0 for a in axes):
+            raise ShapeError(f"{name}: cannot reduce an empty axis of {x}")
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keepdims or i not in axes)
+        return ArrayType(shape, x.dtype)
+
+    op.def_impl(lambda xp, x, *, axis, keepdims: getattr(xp, fn)(x, axis=axis, keepdims=keepdims))
+    op.def_out(lambda xp, out, x, *, axis, keepdims: getattr(xp, fn)(
+        x, axis=axis, keepdims=keepdims, out=out))
+    op.def_cost(lambda ins, outs, **_: (ins[0].size, ins[0].nbytes + outs[0].nbytes))
+    return op
+
+
+def _expand_back(ct, x_ty: ArrayType, axis, keepdims):
+    from graphdist.ops.array import broadcast_to, reshape
+
+    axes = normalize_axis("reduce", axis, x_ty.ndim)
+    kept = tuple(1 if i in axes else d for i, d in enumerate(x_ty.shape))
+    return broadcast_to(ct if keepdims else reshape(ct, kept), x_ty.shape)
+
+
+sum_p = _reduce("reduce_sum", "sum")
+sum_p.def_vjp(lambda ct, x, *, axis, keepdims: (_expand_back(ct, x.ty, axis, keepdims),))
+
+mean_p = _reduce("reduce_mean", "mean", floats_only=True)
+
+
+@mean_p.def_vjp
+def _mean_vjp(ct, x, *, axis, keepdims):
+    axes = normalize_axis("reduce_mean", axis, x.ty.ndim)
+    count = int(np.prod([x.ty.shape[a] for a in axes]))
+    return (_expand_back(multiply(ct, 1.0 / max(count, 1)), x.ty, axis, keepdims),)
+
+
+rmax_p = _reduce("reduce_max", "max")
+
+
+@rmax_p.def_vjp
+def _max_vjp(ct, x, *, axis, keepdims):
+    # ties share the gradient equally, as in TF
+    m = _expand_back(reduce_max(x, axis, keepdims), x.ty, axis, keepdims)
+    from graphdist.ops.array import cast
+
+    mask = cast(equal(x, m), x.ty.dtype)
+    share = _expand_back(reduce_sum(mask, axis, keepdims), x.ty, axis, keepdims)
+    return (divide(multiply(_expand_back(ct, x.ty, axis, keepdims), mask), share),)
+
+
+# ---------------------------------------------------------------- matmul
+
+matmul_p = Op("matmul", ufunc="matmul")
+
+
+@matmul_p.def_shape
+def _matmul_shape(a, b):
+    dtype = same_dtype("matmul", a, b, names=("a", "b"))
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"matmul: needs rank >= 2 after promotion, got a:{a} @ b:{b}")
+    if a.shape[-1] != b.shape[-2]:
+        hint = ("\n  hint: did you mean matmul(a, transpose(b))?"
+                if a.shape[-1] == b.shape[-1] else "")
+        raise ShapeError(f"matmul: contraction dims differ ({a.shape[-1]} != {b.shape[-2]}): "
+                         f"a:{a} @ b:{b}{hint}")
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ShapeError(f"matmul: batch dims do not broadcast: a:{a} @ b:{b}") from None
+    return ArrayType(tuple(batch) + (a.shape[-2], b.shape[-1]), dtype)
+
+
+matmul_p.def_impl(lambda xp, a, b: xp.matmul(a, b))
+matmul_p.def_cost(lambda ins, outs: (2 * outs[0].size * ins[0].shape[-1],
+                                     sum(t.nbytes for t in (*ins, *outs))))
+
+
+@matmul_p.def_vjp
+def _matmul_vjp(ct, a, b):
+    from graphdist.ops.array import swap_last
+
+    return (unbroadcast(matmul(ct, swap_last(b)), a.ty),
+            unbroadcast(matmul(swap_last(a), ct), b.ty))
+
+
+# ---------------------------------------------------------------- public functions
+
+
+def add(x, y):
+    return bind(add_p, x, y)
+
+
+def subtract(x, y):
+    return bind(sub_p, x, y)
+
+
+def multiply(x, y):
+    return bind(mul_p, x, y)
+
+
+def divide(x, y):
+    return bind(div_p, x, y)
+
+
+def power(x, y):
+    return bind(pow_p, x, y)
+
+
+def maximum(x, y):
+    return bind(max_p, x, y)
+
+
+def minimum(x, y):
+    return bind(min_p, x, y)
+
+
+def equal(x, y):
+    return bind(compare_p["equal"], x, y)
+
+
+def not_equal(x, y):
+    return bind(compare_p["not_equal"], x, y)
+
+
+def less(x, y):
+    return bind(compare_p["less"], x, y)
+
+
+def less_equal(x, y):
+    return bind(compare_p["less_equal"], x, y)
+
+
+def greater(x, y):
+    return bind(compare_p["greater"], x, y)
+
+
+def greater_equal(x, y):
+    return bind(compare_p["greater_equal"], x, y)
+
+
+def negative(x):
+    return bind(neg_p, x)
+
+
+def exp(x):
+    return bind(exp_p, x)
+
+
+def log(x):
+    return bind(log_p, x)
+
+
+def sqrt(x):
+    return bind(sqrt_p, x)
+
+
+def tanh(x):
+    return bind(tanh_p, x)
+
+
+def sigmoid(x):
+    return bind(sigmoid_p, x)
+
+
+def relu(x):
+    return bind(relu_p, x)
+
+
+def abs(x):  # noqa: A001 - numpy's name, as API.md promises
+    return bind(abs_p, x)
+
+
+def sign(x):
+    return bind(sign_p, x)
+
+
+def square(x):
+    return bind(square_p, x)
+
+
+def where(condition, x, y):
+    return bind(where_p, condition, x, y)
+
+
+def reduce_sum(x, axis=None, keepdims=False):
+    return bind(sum_p, x, axis=_axis_param(axis), keepdims=bool(keepdims))
+
+
+def reduce_mean(x, axis=None, keepdims=False):
+    return bind(mean_p, x, axis=_axis_param(axis), keepdims=bool(keepdims))
+
+
+def reduce_max(x, axis=None, keepdims=False):
+    return bind(rmax_p, x, axis=_axis_param(axis), keepdims=bool(keepdims))
+
+
+def _axis_param(axis):
+    if axis is None or isinstance(axis, (int, np.integer)):
+        return None if axis is None else int(axis)
+    return tuple(int(a) for a in axis)
+
+
+def matmul(a, b):
+    """Matrix product with numpy's rules, 1-D operands included.
+
+    >>> gd.matmul(np.ones((2, 3)), np.ones((3, 4))).shape
+    (2, 4)
+    """
+    from graphdist.ops.array import expand_dims, squeeze
+
+    a_vec, b_vec = len(_shape_of(a)) == 1, len(_shape_of(b)) == 1
+    out = bind(matmul_p, expand_dims(a, 0) if a_vec else a, expand_dims(b, -1) if b_vec else b)
+    if a_vec or b_vec:
+        out = squeeze(out, axis=tuple(([-2] if a_vec else []) + ([-1] if b_vec else [])))
+    return out
+
+
+def _shape_of(x):
+    return tuple(getattr(x, "shape", np.shape(x)))

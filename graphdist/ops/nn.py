@@ -1,0 +1,71 @@
+"""gd.nn: softmax and the cross-entropy losses, composed from primitive ops so their
+gradients come from the primitives' vjp rules (and CSE shares the forward work)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdist.errors import ShapeError
+from graphdist.ops.array import cast, one_hot, stop_gradient
+from graphdist.ops.math import (divide, exp, log, multiply, negative, reduce_max, reduce_sum,
+                                subtract)
+
+
+def log_softmax(logits, axis=-1):
+    """log(softmax(logits)) along `axis`, computed stably.
+
+    >>> gd.nn.log_softmax(np.zeros((1, 2), np.float32))
+    array([[-0.6931472, -0.6931472]], dtype=float32)
+    """
+    shifted = subtract(logits, stop_gradient(reduce_max(logits, axis=axis, keepdims=True)))
+    return subtract(shifted, log(reduce_sum(exp(shifted), axis=axis, keepdims=True)))
+
+
+def softmax(logits, axis=-1):
+    """exp(logits) normalized along `axis`.
+
+    >>> gd.nn.softmax(np.zeros((1, 2), np.float32))
+    array([[0.5, 0.5]], dtype=float32)
+    """
+    e = exp(subtract(logits, stop_gradient(reduce_max(logits, axis=axis, keepdims=True))))
+    return divide(e, reduce_sum(e, axis=axis, keepdims=True))
+
+
+def softmax_cross_entropy(labels, logits):
+    """Per-example cross entropy with one-hot or probability `labels` (same shape as logits)."""
+    if tuple(np.shape(labels) if not hasattr(labels, "shape") else labels.shape) != tuple(
+            logits.shape):
+        raise ShapeError(f"softmax_cross_entropy: labels {tuple(labels.shape)} and logits "
+                         f"{tuple(logits.shape)} must have the same shape")
+    return negative(reduce_sum(multiply(labels, log_softmax(logits)), axis=-1))
+
+
+def sparse_softmax_cross_entropy(labels, logits):
+    """Per-example cross entropy with integer class `labels` of shape logits.shape[:-1].
+
+    >>> gd.nn.sparse_softmax_cross_entropy(np.array([1]), np.zeros((1, 2), np.float32))
+    array([0.6931472], dtype=float32)
+    """
+    label_shape = tuple(getattr(labels, "shape", np.shape(labels)))
+    if label_shape != tuple(logits.shape[:-1]):
+        raise ShapeError(f"sparse_softmax_cross_entropy: labels {label_shape} must have the "
+                         f"shape of logits {tuple(logits.shape)} without its last axis")
+    picked = one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    return negative(reduce_sum(multiply(picked, log_softmax(logits)), axis=-1))
+
+
+def compute_average_loss(per_example_loss, global_batch_size=None):
+    """Sum of the per-example losses over the *global* batch size, so that summing the
+    replicas' gradients (or averaging them, as optimizers do) matches one device.
+
+    >>> gd.nn.compute_average_loss(np.ones(4, np.float32), global_batch_size=8)
+    array(0.5, dtype=float32)
+    """
+    from graphdist.distribute.context import get_replica_context
+
+    if global_batch_size is None:
+        ctx = get_replica_context()
+        replicas = ctx.num_replicas_in_sync if ctx is not None else 1
+        global_batch_size = per_example_loss.shape[0] * replicas
+    loss = reduce_sum(per_example_loss)
+    return multiply(loss, cast(np.asarray(1.0 / global_batch_size), loss.dtype))

@@ -1,0 +1,77 @@
+"""Optimizer update ops: one eqn updates one variable and its slots. The fusion pass later
+gathers a device's updates into one multi-tensor kernel; these impls are the reference."""
+
+from __future__ import annotations
+
+from graphdist.ir.types import ArrayType
+from graphdist.ops.core import Op, require_float, same_dtype
+
+
+def _check(op_name: str, p: ArrayType, *others: ArrayType) -> ArrayType:
+    require_float(op_name, p)
+    for t in others:
+        if t != p:
+            raise ValueError(f"{op_name}: slot or gradient {t} does not match the variable {p}")
+    return p
+
+
+def _elementwise_cost(flops_per_param: int, n_arrays: int):
+    return lambda ins, outs, **_: (flops_per_param * ins[0].size, n_arrays * ins[0].nbytes)
+
+
+sgd_p = Op("sgd_update", differentiable=False)          # p' = p - lr * (g + wd * p)
+sgd_p.def_shape(lambda p, g, *, lr, weight_decay: _check("sgd_update", p, g))
+sgd_p.def_cost(_elementwise_cost(3, 3))
+
+
+@sgd_p.def_impl
+def _sgd_impl(xp, p, g, *, lr, weight_decay):
+    dt = p.dtype.type
+    if weight_decay:
+        g = g + dt(weight_decay) * p
+    return p - dt(lr) * g
+
+
+momentum_p = Op("sgd_momentum_update", num_outputs=2, differentiable=False)
+
+
+@momentum_p.def_shape
+def _momentum_shape(p, m, g, *, lr, momentum, nesterov, weight_decay):
+    ty = _check("sgd_momentum_update", p, m, g)
+    return ty, ty
+
+
+momentum_p.def_cost(_elementwise_cost(6, 5))
+
+
+@momentum_p.def_impl
+def _momentum_impl(xp, p, m, g, *, lr, momentum, nesterov, weight_decay):
+    dt = p.dtype.type
+    if weight_decay:
+        g = g + dt(weight_decay) * p
+    m = dt(momentum) * m + g
+    step = g + dt(momentum) * m if nesterov else m
+    return p - dt(lr) * step, m
+
+
+adam_p = Op("adam_update", num_outputs=3, differentiable=False)
+
+
+@adam_p.def_shape
+def _adam_shape(p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
+    ty = _check("adam_update", p, m, v, g)
+    same_dtype("adam_update", p, lr_t)
+    return ty, ty, ty
+
+
+adam_p.def_cost(_elementwise_cost(12, 7))
+
+
+@adam_p.def_impl
+def _adam_impl(xp, p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
+    dt = p.dtype.type
+    if weight_decay:  # AdamW: decoupled decay with the plain learning rate, before the step
+        p = p - dt(lr * weight_decay) * p
+    m = dt(beta_1) * m + dt(1 - beta_1) * g
+    v = dt(beta_2) * v + dt(1 - beta_2) * (g * g)
+    return p - lr_t * m / (xp.sqrt(v) + dt(epsilon)), m, v

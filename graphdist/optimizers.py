@@ -1,0 +1,166 @@
+"""gd.optimizers: SGD (momentum, nesterov, coupled weight decay), Adam and AdamW.
+
+apply_gradients emits one update eqn per variable (sgd_update, sgd_momentum_update,
+adam_update) followed by assigns; in a replica context the gradients are first all-reduced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdist.distribute.context import get_replica_context
+from graphdist.errors import TraceError
+from graphdist.ops import optim
+from graphdist.ops.array import cast
+from graphdist.ops.collectives import all_reduce
+from graphdist.ops.core import bind, current_tracer
+from graphdist.ops.math import divide, power, sqrt, subtract
+from graphdist.variables import Variable
+
+
+class Optimizer:
+    """Shared machinery: slots, iteration count, gradient reduction and eager application."""
+
+    def __init__(self, name: str, gradient_reduction: str = "mean"):
+        if gradient_reduction not in ("mean", "sum"):
+            raise ValueError(f"{name}: gradient_reduction must be 'mean' or 'sum', got "
+                             f"{gradient_reduction!r}")
+        self.name = name
+        self.gradient_reduction = gradient_reduction
+        self.iterations = Variable(np.int64(0), name=f"{name}/iterations", trainable=False)
+        self._slots: dict = {}
+        self._eager_steps: dict = {}
+
+    def slot(self, var: Variable, name: str) -> Variable:
+        """The optimizer's `name` slot for `var` (a zero-initialized mirrored variable)."""
+        key = (var, name)
+        if key not in self._slots:
+            self._slots[key] = Variable(np.zeros(var.shape, var.dtype), trainable=False,
+                                        name=f"{var.name}/{self.name}/{name}",
+                                        _devices=var.devices)
+        return self._slots[key]
+
+    def slots(self) -> dict:
+        return {f"{var.name}/{name}": v for (var, name), v in self._slots.items()}
+
+    def apply_gradients(self, grads_and_vars):
+        """Apply one update; returns the new iteration count. `None` gradients are skipped."""
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        for g, v in pairs:
+            if not isinstance(v, Variable):
+                raise TypeError(f"{self.name}.apply_gradients: expected gd.Variable, got "
+                                f"{type(v).__name__}")
+            if tuple(g.shape) != v.shape:
+                raise ValueError(f"{self.name}.apply_gradients: gradient {tuple(g.shape)} does "
+                                 f"not match variable '{v.name}' {v.shape}")
+        if current_tracer() is None:
+            return self._apply_eagerly(pairs)
+        ctx = get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            pairs = [(all_reduce(g, self.gradient_reduction), v) for g, v in pairs]
+        step = self.iterations.read_value() + np.int64(1)
+        self._apply(pairs, step)
+        self.iterations.assign(step)
+        return step
+
+    def _apply_eagerly(self, pairs):
+        variables = tuple(v for _, v in pairs)
+        fn = self._eager_steps.get(variables)
+        if fn is None:
+            from graphdist.trace import function
+
+            fn = function(lambda grads: self.apply_gradients(zip(grads, variables)))
+            self._eager_steps[variables] = fn
+        return fn([np.asarray(g, dtype=v.dtype) for g, v in pairs])
+
+    def _apply(self, pairs, step) -> None:
+        raise NotImplementedError
+
+    def variables(self) -> list:
+        return [self.iterations, *self._slots.values()]
+
+
+def _float(name: str, value) -> float:
+    value = float(value)
+    if value < 0 or not np.isfinite(value):
+        raise ValueError(f"{name} must be a finite non-negative number, got {value}")
+    return value
+
+
+class SGD(Optimizer):
+    """p -= lr * (g + weight_decay*p), with optional (Nesterov) momentum, as torch.optim.SGD.
+
+    >>> opt = gd.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    """
+
+    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, weight_decay=0.0,
+                 gradient_reduction="mean", name="SGD"):
+        super().__init__(name, gradient_reduction)
+        self.learning_rate = _float("learning_rate", learning_rate)
+        self.momentum = _float("momentum", momentum)
+        self.nesterov = bool(nesterov)
+        self.weight_decay = _float("weight_decay", weight_decay)
+        if self.nesterov and not self.momentum:
+            raise ValueError("SGD: nesterov=True needs momentum > 0")
+
+    def _apply(self, pairs, step) -> None:
+        for g, v in pairs:
+            if self.momentum:
+                m = self.slot(v, "momentum")
+                new_v, new_m = bind(optim.momentum_p, v, m, g, lr=self.learning_rate,
+                                    momentum=self.momentum, nesterov=self.nesterov,
+                                    weight_decay=self.weight_decay)
+                m.assign(new_m)
+            else:
+                new_v = bind(optim.sgd_p, v, g, lr=self.learning_rate,
+                             weight_decay=self.weight_decay)
+            v.assign(new_v)
+
+
+class Adam(Optimizer):
+    """Adam with TF's epsilon placement: p -= lr_t * m / (sqrt(v) + eps),
+    lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t).
+
+    >>> opt = gd.optimizers.Adam(learning_rate=1e-3)
+    """
+
+    weight_decay = 0.0
+
+    def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                 gradient_reduction="mean", name="Adam"):
+        super().__init__(name, gradient_reduction)
+        self.learning_rate = _float("learning_rate", learning_rate)
+        self.beta_1 = _float("beta_1", beta_1)
+        self.beta_2 = _float("beta_2", beta_2)
+        self.epsilon = _float("epsilon", epsilon)
+        if not (self.beta_1 < 1 and self.beta_2 < 1):
+            raise ValueError(f"{name}: betas must be < 1, got {beta_1}, {beta_2}")
+
+    def _apply(self, pairs, step) -> None:
+        t = cast(step, "float64")
+        lr_t64 = divide(self.learning_rate * sqrt(subtract(1.0, power(self.beta_2, t))),
+                        subtract(1.0, power(self.beta_1, t)))
+        lr_t = {}
+        for g, v in pairs:
+            if v.dtype not in lr_t:
+                lr_t[v.dtype] = cast(lr_t64, v.dtype)
+            m, s = self.slot(v, "m"), self.slot(v, "v")
+            new_v, new_m, new_s = bind(optim.adam_p, v, m, s, g, lr_t[v.dtype],
+                                       lr=self.learning_rate, beta_1=self.beta_1,
+                                       beta_2=self.beta_2, epsilon=self.epsilon,
+                                       weight_decay=self.weight_decay)
+            v.assign(new_v)
+            m.assign(new_m)
+            s.assign(new_s)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: p -= lr * weight_decay * p, then the Adam step."""
+
+    def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                 weight_decay=0.004, gradient_reduction="mean", name="AdamW"):
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, gradient_reduction, name)
+        self.weight_decay = _float("weight_decay", weight_decay)
+
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "TraceError"]

@@ -1,0 +1,1 @@
+"""Backends, lowering to generated programs, and executables."""

@@ -1,0 +1,267 @@
+"""Lowering: a placed, scheduled one-device graph becomes a generated Python function.
+
+The generated code is a flat list of direct calls (ufuncs with `out=`, bound impls,
+kernels) on pre-resolved names: no per-node lookups at run time. Buffers come from a
+static plan made here: outputs of 16 KiB or more get arena buffers reused after their
+last use, elementwise ops may write over a dying input, and a value that becomes a
+variable's final state is computed straight into the variable's storage when safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+import threading
+import traceback
+
+import numpy as np
+
+from graphdist import config
+from graphdist.ir import Graph, Lit, Var, eqn_text
+from graphdist.passes.schedule import liveness
+from graphdist.runtime.backends import Backend
+
+ARENA_MIN_BYTES = 16 * 1024
+_program_ids = itertools.count()
+
+
+class Program:
+    """A compiled one-device graph: call it with the argument arrays, get the results."""
+
+    def __init__(self, graph: Graph, fn, source: str, line_eqns: dict, device: str):
+        self.graph = graph
+        self.fn = fn
+        self.source = source
+        self.line_eqns = line_eqns
+        self.device = device
+        self.lock = threading.Lock()
+
+    def __call__(self, *arrays):
+        with self.lock:
+            try:
+                return self.fn(*arrays)
+            except Exception as e:
+                raise _annotated(e, self) from e.__cause__
+
+
+def _annotated(e: Exception, program: Program) -> Exception:
+    eqn = None
+    for frame, lineno in traceback.walk_tb(e.__traceback__):
+        if frame.f_code.co_filename == program.fn.__code__.co_filename:
+            eqn = program.line_eqns.get(lineno)
+    if eqn is None:
+        return e
+    where = f"while executing  {eqn_text(eqn)}  on {program.device}"
+    if eqn.source:
+        where += f"\n  traced at  {eqn.source}"
+    try:
+        new = type(e)(f"{e}\n  {where}")
+        new.__traceback__ = e.__traceback__
+        return new
+    except Exception:
+        if hasattr(e, "add_note"):
+            e.add_note(where)
+        return e
+
+
+class _Lowering:
+    def __init__(self, g: Graph, backend: Backend, storage: dict, fused: bool):
+        self.g = g
+        self.backend = backend
+        self.xp = backend.xp
+        self.storage = storage            # state input Var -> the variable's component array
+        self.fused = fused
+        self.live = g.meta.get("liveness") or liveness(g)
+        self.env: dict = {"_np": np}
+        self.name: dict = {}              # Var -> expression naming its value
+        self.arena_of: dict = {}          # root Var -> arena buffer name
+        self.pool: dict = {}              # (shape, dtype) -> free arena buffer names
+        self.lines: list[str] = []
+        self.line_eqns: dict = {}
+        self.counter = itertools.count()
+        self.fresh_names: dict = {}       # root Var -> names of fresh arrays viewing it
+
+    # ------------------------------------------------------------ naming
+    def glob(self, prefix: str, obj) -> str:
+        name = f"{prefix}{next(self.counter)}"
+        self.env[name] = obj
+        return name
+
+    def ref(self, v) -> str:
+        if isinstance(v, Lit):
+            return self.glob("L", np.asarray(v.value, dtype=v.ty.dtype)[()])
+        return self.name[v]
+
+    def emit(self, line: str, eqn=None) -> None:
+        self.lines.append("    " + line)
+        if eqn is not None:
+            self.line_eqns[len(self.lines) + 1] = eqn   # +1: the def line
+
+    # ------------------------------------------------------------ buffers
+    def root(self, v):
+        return self.live.root.get(v, v)
+
+    def dies_at(self, v, i: int) -> bool:
+        return isinstance(v, Var) and self.live.last_use.get(self.root(v)) == i
+
+    def sink_storage(self, out: Var, i: int, elementwise: bool):
+        """The variable storage `out` may be written into: `out` is that variable's final
+        state and the old value is not read after eqn i (or only by this elementwise eqn)."""
+        for var_in, final in zip(self.g.inputs[self.g.num_args:], self.g.outputs[self.g.num_results:]):
+            if self.root(final) is out and final is not var_in:
+                last = self.live.last_use.get(var_in, -1)
+                if last < i or (last == i and elementwise):
+                    return self.name[var_in]
+        return None
+
+    def buffer_for(self, eqn, i: int, out: Var) -> str:
+        sink = self.sink_storage(out, i, eqn.op.elementwise)
+        if sink:
+            return sink
+        key = (out.ty.shape, out.ty.dtype)
+        if eqn.op.elementwise:
+            roots = [self.root(v) for v in eqn.inputs if isinstance(v, Var)]
+            for v in eqn.inputs:
+                if (isinstance(v, Var) and self.root(v) is v and v in self.arena_of
+                        and v.ty == out.ty and self.dies_at(v, i) and roots.count(v) == 1):
+                    return self.arena_of.pop(v)
+        free = self.pool.get(key)
+        if free:
+            return free.pop()
+        return self.glob("B", self.backend.empty(out.ty.shape, out.ty.dtype))
+
+    def release(self, i: int, dying: list) -> None:
+        for r in dying:
+            buf = self.arena_of.pop(r, None)
+            if buf is not None:
+                self.pool.setdefault((r.ty.shape, r.ty.dtype), []).append(buf)
+            names = self.fresh_names.pop(r, ())
+            if names:
+                self.emit(f"del {', '.join(names)}")
+
+    # ------------------------------------------------------------ eqns
+    def lower_eqn(self, i: int, eqn) -> None:
+        op = eqn.op
+        params = dict(eqn.params)
+        if op == "constant":
+            self.name[eqn.outputs[0]] = self.glob("C", self.xp.asarray(params["value"].value))
+            return
+        if op.alias_input is not None and op.name in ("read_var", "assign_var", "stop_gradient"):
+            self.name[eqn.outputs[0]] = self.ref(eqn.inputs[op.alias_input])
+            return
+        args = ", ".join(self.ref(v) for v in eqn.inputs)
+        kernel = self.backend.kernel(op) if (self.fused and op.inplace) else None
+        if kernel is not None:
+            self.lower_inplace(i, eqn, kernel, params)
+            return
+        (out, *more) = eqn.outputs
+        big = not more and out.ty.nbytes >= ARENA_MIN_BYTES and not op.view
+        if big and op.ufunc:
+            buf = self.buffer_for(eqn, i, out)
+            fn = self.glob("U", getattr(self.xp, op.ufunc))
+            self.emit(f"{fn}({args}, out={buf})", eqn)
+            self.bind_buffer(out, buf)
+        elif big and op.out_impl is not None:
+            buf = self.buffer_for(eqn, i, out)
+            fn = self.glob("O", functools.partial(op.out_impl, self.xp, **params))
+            self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
+            self.bind_buffer(out, buf)
+        else:
+            fn = self.glob("F", functools.partial(op.impl, self.xp, **params))
+            names = [f"v{next(self.counter)}" for _ in eqn.outputs]
+            target = names[0] if len(names) == 1 else ", ".join(names) + ("," if len(names) == 1 else "")
+            self.emit(f"{target} = {fn}({args})", eqn)
+            self.name.update(zip(eqn.outputs, names))
+            for v, n in zip(eqn.outputs, names):
+                r = self.root(v)
+                if r is v or r in self.fresh_names:
+                    self.fresh_names.setdefault(r, []).append(n)
+
+    def bind_buffer(self, out: Var, buf: str) -> None:
+        self.name[out] = buf
+        if buf.startswith("B"):
+            self.arena_of[out] = buf
+
+    def lower_inplace(self, i: int, eqn, kernel, params) -> None:
+        """A kernel that updates some inputs in place (optimizer updates): donate buffers
+        that die here, copy the others first."""
+        targets = {}
+        for o, j in eqn.op.inplace.items():
+            v, out = eqn.inputs[j], eqn.outputs[o]
+            name = self.ref(v)
+            storage_ok = self.sink_storage(out, i, True) == name
+            arena_ok = self.root(v) is v and v in self.arena_of and self.dies_at(v, i)
+            if not (storage_ok or arena_ok):
+                copy = f"v{next(self.counter)}"
+                self.emit(f"{copy} = {name}.copy()")
+                name = copy
+            elif arena_ok:
+                self.arena_of.pop(v)
+                self.arena_of[out] = name
+            targets[j] = name
+            self.name[out] = name
+        args = ", ".join(targets.get(j, self.ref(v)) for j, v in enumerate(eqn.inputs))
+        fn = self.glob("K", functools.partial(kernel, **params))
+        self.emit(f"{fn}({args})", eqn)
+
+    # ------------------------------------------------------------ whole graph
+    def run(self) -> Program:
+        g = self.g
+        arg_names = [f"a{k}" for k in range(g.num_args)]
+        self.name.update(zip(g.inputs[: g.num_args], arg_names))
+        for v in g.inputs[g.num_args:]:
+            self.name[v] = self.glob("S", self.storage[v])
+        dying: dict = {}
+        for r, i in self.live.last_use.items():
+            dying.setdefault(i, []).append(r)
+        for i, eqn in enumerate(g.eqns):
+            self.lower_eqn(i, eqn)
+            self.release(i, dying.get(i, []))
+        results = []
+        for v in g.outputs[: g.num_results]:
+            ref = self.ref(v)
+            owned = isinstance(v, Var) and self.root(v) in self.fresh_names
+            results.append(ref if owned else f"_np.array({ref})" if isinstance(v, Lit)
+                           else f"{ref}.copy()")
+        self.write_state()
+        self.emit(f"return ({', '.join(results)}{',' if len(results) == 1 else ''})")
+        return self.finish(arg_names)
+
+    def write_state(self) -> None:
+        g = self.g
+        pending = [(self.name[s_in], self.ref(final)) for s_in, final in
+                   zip(g.inputs[g.num_args:], g.outputs[g.num_results:])
+                   if self.ref(final) != self.name[s_in]]
+        storages = {dst for dst, _ in pending}
+        snap = {}
+        for _, src in pending:   # a swap (a := b, b := a) must read both before writing
+            if src.startswith("S") and src in storages and src not in snap:
+                snap[src] = f"v{next(self.counter)}"
+                self.emit(f"{snap[src]} = {src}.copy()")
+        for dst, src in pending:
+            self.emit(f"_np.copyto({dst}, {snap.get(src, src)})" if self.xp is np else
+                      f"{dst}[...] = {snap.get(src, src)}")
+
+    def finish(self, arg_names) -> Program:
+        filename = f"<graphdist program {next(_program_ids)}>"
+        source = f"def program({', '.join(arg_names)}):\n" + "\n".join(self.lines or ["    pass"])
+        code = compile(source, filename, "exec")
+        exec(code, self.env)
+        fn = self.env["program"]
+        return Program(self.g, fn, source, self.line_eqns, self.g.devices[0] if self.g.devices
+                       else "cpu:0")
+
+
+def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None) -> Program:
+    """Compile a placed one-device graph. `storage` maps each state input Var to the array
+    holding that variable's component on this device."""
+    fused = config.fused_kernels() if fused is None else fused
+    return _Lowering(g, backend, storage, fused).run()
+
+
+def program_source(program: Program) -> str:
+    return program.source
+
+
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))

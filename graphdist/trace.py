@@ -1,0 +1,216 @@
+"""Tracing: gd.Tensor, the Tracer that records eqns, name scopes, and gd.function with its
+signature cache. Compilation (passes + lowering) is delegated to graphdist.compile."""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import sys
+import threading
+
+import numpy as np
+
+from graphdist.errors import TraceError
+from graphdist.ir import ArrayType, Eqn, Graph, Lit, Var, as_dtype
+from graphdist.ops import state
+from graphdist.ops.array import Const, constant_p
+from graphdist.ops.core import Symbolic, bind, current_tracer, pop_tracer, push_tracer
+from graphdist.ops.operators import Operators
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_KERNELS_DIR = os.path.join(os.path.dirname(_PACKAGE_DIR), "kernels")
+
+
+def user_frame_text() -> str:
+    """'file.py:14  <source line>' of the innermost frame outside graphdist."""
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith((_PACKAGE_DIR, _KERNELS_DIR)):
+        f = f.f_back
+    if f is None:
+        return ""
+    filename, lineno = f.f_code.co_filename, f.f_lineno
+    line = linecache.getline(filename, lineno).strip()
+    return f"{os.path.basename(filename)}:{lineno}  {line}"
+
+
+class Tensor(Operators, Symbolic):
+    """A symbolic value inside traced code: it has a shape and dtype but no data yet."""
+
+    __slots__ = ("var", "tracer")
+
+    def __init__(self, var, tracer):
+        self.var = var
+        self.tracer = tracer
+
+    shape = property(lambda self: tuple(self.var.ty.shape))
+    dtype = property(lambda self: self.var.ty.dtype)
+    device = property(lambda self: getattr(self.var, "device", None))
+    ty = property(lambda self: self.var.ty)
+
+    def __repr__(self) -> str:
+        return f"<gd.Tensor {self.var.ty}{' ' + self.var.hint if getattr(self.var, 'hint', None) else ''}>"
+
+    def __bool__(self):
+        raise TraceError("a symbolic gd.Tensor has no truth value while tracing; Python "
+                         "control flow runs at trace time, so branch on shapes or use gd.where")
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a scalar tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __array__(self, dtype=None, copy=None):
+        raise TraceError("a symbolic gd.Tensor cannot become a numpy array while tracing; "
+                         "return it from the gd.function to get its value")
+
+    def eager_value(self):
+        raise TraceError(f"{self!r} belongs to a trace that has finished (a leaked tensor)")
+
+    def numpy(self):
+        return self.eager_value()
+
+
+class Tracer:
+    """Records eqns into a graph under construction. One per trace; nested gd.function calls
+    and strategy.run join the active one."""
+
+    def __init__(self):
+        self.eqns: list[Eqn] = []
+        self.arg_vars: list[Var] = []
+        self.state_in: dict = {}      # Variable -> its state Var on entry (ordered)
+        self.state_now: dict = {}     # Variable -> its current state Var
+        self.reads: dict = {}         # state Var -> read Var (one read per state version)
+        self.read_owner: dict = {}    # read Var -> Variable (what tapes differentiate to)
+        self.scopes: list[str] = []
+        self.tapes: list = []
+
+    # ------------------------------------------------------------ values
+    def new_arg(self, ty: ArrayType, hint: str | None) -> Tensor:
+        v = Var(ty, hint)
+        self.arg_vars.append(v)
+        return Tensor(v, self)
+
+    def lift(self, x):
+        if isinstance(x, Tensor):
+            if x.tracer is not self:
+                raise TraceError(f"{x!r} comes from another trace (a leaked tensor); pass it "
+                                 "in as an argument instead")
+            return x.var
+        if isinstance(x, Symbolic):                     # a Variable
+            return self.read(x).var
+        if isinstance(x, (Var, Lit)):
+            return x
+        a = np.asarray(x)
+        as_dtype(a.dtype)
+        if a.ndim == 0:
+            return Lit(a[()], ArrayType((), a.dtype))
+        (out,) = self.emit_vars(constant_p, (), {"value": Const(a)})
+        return out
+
+    # ------------------------------------------------------------ eqns
+    def emit(self, op, args, params):
+        outs = self.emit_vars(op, tuple(self.lift(a) for a in args), params)
+        tensors = tuple(Tensor(v, self) for v in outs)
+        return tensors[0] if op.num_outputs == 1 else tensors
+
+    def emit_vars(self, op, ins: tuple, params: dict) -> tuple:
+        try:
+            out_types = op.out_types(*(v.ty for v in ins), **params)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{e}\n  while tracing  {user_frame_text()}") from None
+        outs = tuple(Var(ty) for ty in out_types)
+        self.eqns.append(Eqn(op, ins, outs, tuple(sorted(params.items())),
+                             scope="/".join(self.scopes), source=user_frame_text()))
+        return outs
+
+    # ------------------------------------------------------------ variables
+    def state_of(self, variable) -> Var:
+        now = self.state_now.get(variable)
+        if now is None:
+            now = Var(ArrayType(variable.shape, variable.dtype), variable.name)
+            self.state_in[variable] = now
+            self.state_now[variable] = now
+        return now
+
+    def read(self, variable) -> Tensor:
+        st = self.state_of(variable)
+        r = self.reads.get(st)
+        if r is None:
+            (r,) = self.emit_vars(state.read_p, (st,), {"var": variable})
+            self.reads[st] = r
+            self.read_owner[r] = variable
+        return Tensor(r, self)
+
+    def assign(self, variable, value):
+        from graphdist.ops.array import cast
+
+        value = self.lift(value)
+        if isinstance(value, Lit):  # a number: broadcast to the variable's shape and dtype
+            from graphdist.ops.array import broadcast_to
+
+            value = self.lift(broadcast_to(cast(Tensor(value, self), variable.dtype),
+                                           variable.shape))
+        (new,) = self.emit_vars(state.assign_p, (self.state_of(variable), value),
+                                {"var": variable})
+        self.state_now[variable] = new
+        return variable
+
+    # ------------------------------------------------------------ result
+    def graph(self, results: list) -> Graph:
+        variables = tuple(self.state_in)
+        return Graph(inputs=tuple(self.arg_vars) + tuple(self.state_in[v] for v in variables),
+                     eqns=tuple(self.eqns),
+                     outputs=tuple(results) + tuple(self.state_now[v] for v in variables),
+                     variables=variables)
+
+
+@contextlib.contextmanager
+def tracing(tracer: Tracer):
+    push_tracer(tracer)
+    try:
+        yield tracer
+    finally:
+        pop_tracer(tracer)
+
+
+@contextlib.contextmanager
+def name_scope(name: str):
+    """Prefix the nodes traced inside with `name` (nested scopes join with '/').
+
+    >>> with gd.name_scope("dense1"): ...
+    """
+    tracer = current_tracer()
+    if tracer is None:
+        yield
+        return
+    tracer.scopes.append(str(name))
+    try:
+        yield
+    finally:
+        tracer.scopes.pop()
+
+
+_compile_lock = threading.RLock()
+
+
+def function(fn=None):
+    """Trace `fn` once per input signature into a graph, compile it, and run the compiled
+    program on later calls.
+
+    >>> @gd.function
+    ... def f(x): return gd.tanh(x) * 2
+    >>> f(np.ones(3, np.float32)).shape
+    (3,)
+    """
+    from graphdist.function import Function
+
+    if fn is None:
+        return function
+    return Function(fn)
+
+
+__all__ = ["Tensor", "Tracer", "function", "name_scope", "tracing", "bind"]

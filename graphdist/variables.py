@@ -1,0 +1,177 @@
+"""gd.Variable: named, persistent state with one component array per replica device.
+
+Outside a trace a Variable is its numpy value; inside one, reads and assigns become
+read_var/assign_var eqns on the variable's state (see graphdist/ops/state.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from graphdist.distribute import context
+from graphdist.distribute.values import VariableAggregation, VariableSynchronization
+from graphdist.errors import TraceError
+from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
+from graphdist.ops.core import Symbolic, current_tracer
+from graphdist.ops.operators import Operators
+
+_ids = itertools.count()
+
+
+def _initial_array(initial_value, dtype) -> np.ndarray:
+    if callable(initial_value):
+        initial_value = initial_value()
+    if isinstance(initial_value, Symbolic) and not isinstance(initial_value, Variable):
+        raise TraceError("gd.Variable needs a concrete initial value (a numpy array or "
+                         "number), not a symbolic tensor; create variables outside traced code")
+    if isinstance(initial_value, Variable):
+        initial_value = initial_value.numpy()
+    if dtype is None and isinstance(initial_value, float):
+        dtype = DEFAULT_FLOAT
+    elif dtype is None and isinstance(initial_value, bool):
+        dtype = np.bool_
+    elif dtype is None and isinstance(initial_value, int):
+        dtype = np.int32
+    value = np.array(initial_value, dtype=None if dtype is None else as_dtype(dtype))
+    as_dtype(value.dtype)
+    return value
+
+
+def _enum(kind, value, what: str):
+    try:
+        return kind(value) if not isinstance(value, kind) else value
+    except ValueError:
+        raise ValueError(f"unknown {what} {value!r}; use one of "
+                         f"{[m.name for m in kind]}") from None
+
+
+class Variable(Operators, Symbolic):
+    """A mutable tensor that lives across steps.
+
+    >>> w = gd.Variable(np.zeros((2, 3), np.float32), name="w"); w.shape
+    (2, 3)
+    """
+
+    __slots__ = ("_values", "_name", "_trainable", "_sync", "_aggregation", "_devices",
+                 "_uid", "__weakref__")
+
+    def __init__(self, initial_value, name=None, trainable=True, dtype=None,
+                 synchronization=VariableSynchronization.AUTO,
+                 aggregation=VariableAggregation.NONE, *, _devices=None):
+        value = _initial_array(initial_value, dtype)
+        self._sync = _enum(VariableSynchronization, synchronization, "synchronization")
+        self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
+        strategy = context.get_strategy()
+        self._devices = tuple(_devices or strategy.devices)
+        if self._sync is VariableSynchronization.NONE and len(self._devices) > 1:
+            raise ValueError(f"Variable {name!r}: synchronization=NONE is not supported under "
+                             f"{type(strategy).__name__}; use AUTO, ON_WRITE or ON_READ")
+        if self._sync is VariableSynchronization.ON_READ:
+            trainable = False
+        self._uid = next(_ids)
+        self._name = name or f"Variable_{self._uid}"
+        self._trainable = bool(trainable)
+        self._values = [value.copy() for _ in self._devices]
+
+    # ------------------------------------------------------------ properties
+    name = property(lambda self: self._name)
+    trainable = property(lambda self: self._trainable)
+    synchronization = property(lambda self: self._sync)
+    aggregation = property(lambda self: self._aggregation)
+    devices = property(lambda self: self._devices)
+    shape = property(lambda self: tuple(self._values[0].shape))
+    dtype = property(lambda self: self._values[0].dtype)
+    device = property(lambda self: self._devices[0])
+
+    @property
+    def values(self) -> tuple:
+        """The per-device component arrays (live storage, in device order)."""
+        return tuple(self._values)
+
+    @property
+    def on_read(self) -> bool:
+        return self._sync is VariableSynchronization.ON_READ
+
+    # ------------------------------------------------------------ reads
+    def eager_value(self) -> np.ndarray:
+        if not self.on_read or len(self._values) == 1:
+            return self._values[0]
+        agg = self._aggregation
+        if agg is VariableAggregation.SUM:
+            return np.sum(self._values, axis=0, dtype=self.dtype)
+        if agg is VariableAggregation.MEAN:
+            return np.mean(self._values, axis=0, dtype=self.dtype)
+        return self._values[0]
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the value (the aggregate, for sync-on-read variables)."""
+        return np.array(self.eager_value())
+
+    def read_value(self):
+        tracer = current_tracer()
+        return tracer.read(self) if tracer is not None else self.numpy()
+
+    value = read_value
+
+    def __array__(self, dtype=None, copy=None):
+        if current_tracer() is not None:
+            raise TraceError(f"variable '{self._name}' cannot become a numpy array inside a "
+                             "trace; use it as a tensor")
+        return self.numpy() if dtype is None else self.numpy().astype(dtype)
+
+    # ------------------------------------------------------------ writes
+    def assign(self, value):
+        """Set the value. In traced code this becomes an assign_var eqn."""
+        tracer = current_tracer()
+        if tracer is not None:
+            return tracer.assign(self, value)
+        new = np.asarray(value.eager_value() if isinstance(value, Variable) else value)
+        if new.shape != self.shape:
+            raise ValueError(f"assign: variable '{self._name}' has shape {self.shape}, "
+                             f"the value has {new.shape}")
+        if new.dtype != self.dtype and not (np.ndim(value) == 0 and not isinstance(
+                value, (np.ndarray, np.generic))):
+            raise TypeError(f"assign: variable '{self._name}' is {self.dtype}, the value is "
+                            f"{new.dtype}; use gd.cast")
+        self.assign_components(self._split_for_components(new.astype(self.dtype)))
+        return self
+
+    def assign_add(self, delta):
+        return self.assign(self.read_value() + delta) if current_tracer() is not None \
+            else self.assign(self.eager_value() + np.asarray(delta, dtype=self.dtype))
+
+    def assign_sub(self, delta):
+        return self.assign(self.read_value() - delta) if current_tracer() is not None \
+            else self.assign(self.eager_value() - np.asarray(delta, dtype=self.dtype))
+
+    def _split_for_components(self, new: np.ndarray) -> list:
+        # a cross-replica write of a SUM sync-on-read variable stores value/N per replica
+        n = len(self._values)
+        if self.on_read and self._aggregation is VariableAggregation.SUM and n > 1:
+            if new.dtype.kind != "f":
+                raise ValueError(f"assign: SUM sync-on-read variable '{self._name}' needs a "
+                                 "float dtype to divide across replicas")
+            new = new / new.dtype.type(n)
+        return [new] * n
+
+    def assign_components(self, arrays) -> None:
+        """Overwrite every component at once (all checks happen before any write)."""
+        for dst, src in zip(self._values, arrays):
+            np.copyto(dst, src)
+
+    # ------------------------------------------------------------ printing
+    def param_text(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return (f"<gd.Variable '{self._name}' shape={self.shape} dtype={self.dtype} "
+                f"numpy={self.numpy()!r}>" if current_tracer() is None else
+                f"<gd.Variable '{self._name}' shape={self.shape} dtype={self.dtype}>")
+
+    def __bool__(self):
+        raise TypeError(f"the truth value of variable '{self._name}' is ambiguous")
+
+    def __len__(self) -> int:
+        return self.shape[0]

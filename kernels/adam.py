@@ -1,0 +1,195 @@
+"""Adam and AdamW (TF epsilon placement) as fused kernels; the caller passes the bias-corrected
+lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t), and AdamW's decoupled decay as weight_decay_lr = lr * wd.
+
+Multi-tensor layout and measurements: see MULTI-TENSOR below.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numba import cuda, njit, prange
+
+from .common import (
+    CHUNK, check_sizes, chunk_table, device_view, flat, grid, same_dtype, tensor_list,
+)
+
+
+def _adam_math(p, g, m, v, lr_t, beta_1, one_minus_beta_1, beta_2, one_minus_beta_2, epsilon,
+               weight_decay_lr):
+    if weight_decay_lr != 0:
+        p = p - weight_decay_lr * p
+    m = beta_1 * m + one_minus_beta_1 * g
+    v = beta_2 * v + one_minus_beta_2 * g * g
+    return p - lr_t * m / (math.sqrt(v) + epsilon), m, v
+
+
+_adam_cpu_math = njit(error_model="numpy", cache=True)(_adam_math)
+_adam_gpu_math = cuda.jit(device=True)(_adam_math)
+
+
+def adam_ref(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0):
+    """The spec: returns new (p, m, v). weight_decay_lr != 0 makes it AdamW.
+
+    Scalars are Python floats, so numpy computes in the arrays' dtype (NEP 50).
+
+    >>> adam_ref(np.ones(1), np.ones(1), np.zeros(1), np.zeros(1), 0.1, 0.0, 0.0, 0.0)[0]
+    array([0.9])
+    """
+    lr_t, beta_1, beta_2 = float(lr_t), float(beta_1), float(beta_2)
+    epsilon, weight_decay_lr = float(epsilon), float(weight_decay_lr)
+    if weight_decay_lr:
+        p = p - weight_decay_lr * p
+    m = beta_1 * m + (1 - beta_1) * g
+    v = beta_2 * v + (1 - beta_2) * g * g
+    return p - lr_t * m / (np.sqrt(v) + epsilon), m, v
+
+
+def adamw_ref(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
+    """AdamW's spec: p -= weight_decay_lr * p (weight_decay_lr = lr * wd), then the Adam step.
+
+    >>> adamw_ref(np.ones(1), np.zeros(1), np.zeros(1), np.zeros(1), 0.1, 0.9, 0.9, 1.0, 0.5)[0]
+    array([0.5])
+    """
+    return adam_ref(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+
+
+def _scalars(dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
+    # the same roundings numpy applies to adam_ref's Python-float scalars
+    dt = np.dtype(dtype).type
+    beta_1, beta_2 = float(beta_1), float(beta_2)
+    return (dt(lr_t), dt(beta_1), dt(1 - beta_1), dt(beta_2), dt(1 - beta_2), dt(epsilon),
+            dt(weight_decay_lr))
+
+
+@njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
+def _adam_flat(p, g, m, v, lr_t, b1, c1, b2, c2, eps, wd):  # p, g, m, v: (n,)
+    if g.size != p.size or m.size != p.size or v.size != p.size:
+        raise ValueError("adam: p, g, m and v differ in size")
+    for i in prange(p.size):
+        p[i], m[i], v[i] = _adam_cpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
+
+
+def adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0) -> None:
+    """Update p, m, v in place on the host; matches adam_ref bit for bit.
+
+    >>> p, g, m, v = (np.full(3, x, np.float32) for x in (1, 1, 0, 0))
+    >>> adam_cpu(p, g, m, v, 0.1, 0.0, 0.0, 0.0); p
+    array([0.9, 0.9, 0.9], dtype=float32)
+    """
+    same_dtype("adam_cpu", p, g, m, v)
+    scalars = _scalars(p.dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    _adam_flat(flat(p), flat(g), flat(m), flat(v), *scalars)
+
+
+def adamw_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr) -> None:
+    """adam_cpu with AdamW's decoupled decay (weight_decay_lr = lr * wd, applied first).
+
+    >>> p, g, m, v = (np.full(2, x) for x in (1.0, 0.0, 0.0, 0.0))
+    >>> adamw_cpu(p, g, m, v, 0.1, 0.9, 0.999, 1.0, 0.5); p
+    array([0.5, 0.5])
+    """
+    adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+
+
+@njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
+def _adam_multi(ps, gs, ms, vs, lr_t, b1, c1, b2, c2, eps, wd):  # lists of (n_t,)
+    check_sizes(ps, gs)
+    check_sizes(ps, ms)
+    check_sizes(ps, vs)
+    table = chunk_table(ps, CHUNK)
+    for r in prange(table.shape[0]):
+        t, start, stop = table[r, 0], table[r, 1], table[r, 2]
+        # chunk views indexed from 0: numba then drops the wraparound checks and LLVM vectorizes
+        p, g = ps[t][start:stop], gs[t][start:stop]
+        m, v = ms[t][start:stop], vs[t][start:stop]
+        for i in range(stop - start):
+            p[i], m[i], v[i] = _adam_cpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps,
+                                              wd)
+
+
+def adam_multi_cpu(params: Sequence, grads: Sequence, ms: Sequence, vs: Sequence, lr_t, beta_1,
+                   beta_2, epsilon, weight_decay_lr=0.0) -> None:
+    """adam_cpu over every tensor of a device in one parallel call (AdamW when weight_decay_lr).
+
+    Lists may be Python sequences of arrays or typed Lists from common.tensor_list.
+
+    >>> ps, zs = [np.ones(2), np.ones(5)], [np.zeros(2), np.zeros(5)]
+    >>> adam_multi_cpu(ps, ps, zs, [z.copy() for z in zs], 0.1, 0.0, 0.0, 0.0); ps[1][0]
+    np.float64(0.9)
+    """
+    if len(params) == 0:
+        return
+    ps, gs, ms, vs = (tensor_list(x) for x in (params, grads, ms, vs))
+    same_dtype("adam_multi_cpu", ps, gs, ms, vs)
+    _adam_multi(ps, gs, ms, vs, *_scalars(ps[0].dtype, lr_t, beta_1, beta_2, epsilon,
+                                          weight_decay_lr))
+
+
+def adamw_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
+    """adam_multi_cpu with AdamW's decoupled decay (weight_decay_lr = lr * wd).
+
+    >>> adamw_multi_cpu([np.ones(2)], [np.zeros(2)], [np.zeros(2)], [np.zeros(2)],
+    ...                 0.1, 0.9, 0.999, 1.0, 0.5)
+    """
+    adam_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+
+
+@cuda.jit
+def _adam_kernel(p, g, m, v, lr_t, b1, c1, b2, c2, eps, wd):  # p, g, m, v: (n,)
+    i = cuda.grid(1)
+    if i < p.shape[0]:
+        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
+
+
+def _adam_launch(p, g, m, v, scalars, stream):
+    same_dtype("adam_gpu", scalars[0], p, g, m, v)
+    p, g, m, v = (device_view(x) for x in (p, g, m, v))
+    if not (p.shape == g.shape == m.shape == v.shape):
+        raise ValueError(f"adam: p, g, m and v differ in size: {p.shape}, {g.shape}, {m.shape}, "
+                         f"{v.shape}")
+    if p.shape[0]:
+        _adam_kernel[grid(p.shape[0]) + (stream,)](p, g, m, v, *scalars)
+
+
+def adam_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0, stream=0) -> None:
+    """Launch the update of one device buffer on `stream` (a numba stream or 0); no sync.
+
+    >>> adam_gpu(p, g, m, v, lr_t, 0.9, 0.999, 1e-7)  # device arrays  # doctest: +SKIP
+    """
+    _adam_launch(p, g, m, v, _scalars(p.dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr),
+                 stream)
+
+
+def adamw_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream=0) -> None:
+    """adam_gpu with AdamW's decoupled decay (weight_decay_lr = lr * wd).
+
+    >>> adamw_gpu(p, g, m, v, lr_t, 0.9, 0.999, 1e-7, lr * 0.004)  # doctest: +SKIP
+    """
+    adam_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream)
+
+
+def adam_multi_gpu(params: Sequence, grads: Sequence, ms: Sequence, vs: Sequence, lr_t, beta_1,
+                   beta_2, epsilon, weight_decay_lr=0.0, stream=0) -> None:
+    """adam_gpu over every tensor of a device: one launch per tensor, all on `stream`.
+
+    >>> adam_multi_gpu(ps, gs, ms, vs, lr_t, 0.9, 0.999, 1e-7)  # doctest: +SKIP
+    """
+    if len(params) == 0:
+        return
+    if not len(params) == len(grads) == len(ms) == len(vs):
+        raise ValueError("adam_multi_gpu: the tensor lists differ in length")
+    scalars = _scalars(params[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    for t in range(len(params)):
+        _adam_launch(params[t], grads[t], ms[t], vs[t], scalars, stream)
+
+
+def adamw_multi_gpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr,
+                    stream=0) -> None:
+    """adam_multi_gpu with AdamW's decoupled decay (weight_decay_lr = lr * wd).
+
+    >>> adamw_multi_gpu(ps, gs, ms, vs, lr_t, 0.9, 0.999, 1e-7, lr * 0.004)  # doctest: +SKIP
+    """
+    adam_multi_gpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream)

@@ -1,0 +1,100 @@
+"""Helpers shared by the kernel modules: flat views, typed tensor lists, chunk tables, grids.
+
+No update math lives here; that is in sgd.py, adam.py and reduce.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import cuda, njit, typed
+
+CHUNK = 1 << 16  # elements per (tensor, chunk) row of a multi-tensor CPU call
+THREADS = 256  # CUDA threads per block
+
+
+def flat(x: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C-contiguous host buffer, so kernels can update it in place.
+
+    >>> flat(np.zeros((2, 3), np.float32)).shape
+    (6,)
+    """
+    if not x.flags.c_contiguous:
+        raise ValueError(f"kernel: expected a C-contiguous buffer, got strides {x.strides}")
+    return x.reshape(-1)
+
+
+def same_dtype(name: str, *arrays) -> None:
+    """Raise TypeError unless every array (or typed List of arrays) has the first one's dtype."""
+    dtypes = [a.dtype if hasattr(a, "dtype") else a[0].dtype for a in arrays if a is not None]
+    for dtype in dtypes[1:]:
+        if dtype != dtypes[0]:
+            raise TypeError(f"{name}: expected one dtype, got {dtypes[0]} and {dtype}")
+
+
+def tensor_list(arrays: Sequence[np.ndarray]) -> typed.List:
+    """A numba typed List of flat views, the form the multi-tensor CPU kernels take.
+
+    Building one costs about 2.5 us per tensor; buffers that live across steps (parameters,
+    slots) can be converted once and passed again, a typed List is passed through as is.
+
+    >>> len(tensor_list([np.zeros(3), np.zeros((2, 2))]))
+    2
+    """
+    if isinstance(arrays, typed.List):
+        return arrays
+    if len(arrays) == 0:
+        raise ValueError("kernel: expected at least one tensor, got an empty list")
+    dtype = arrays[0].dtype
+    for a in arrays:
+        if a.dtype != dtype:
+            raise TypeError(f"kernel: tensors of one call must share a dtype, got {dtype} and "
+                            f"{a.dtype}")
+    return typed.List([flat(a) for a in arrays])
+
+
+def device_view(x):
+    """A 1-D numba view of a device buffer (numba, CuPy or any CUDA-array-interface array).
+
+    Foreign arrays are wrapped with sync=False: the caller owns the stream, so the kernels never
+    wait on the exporter's stream. Under the CUDA simulator numpy arrays pass through.
+    """
+    if not getattr(x, "__cuda_ndarray__", False) and hasattr(x, "__cuda_array_interface__"):
+        x = cuda.as_cuda_array(x, sync=False)
+    return x if x.ndim == 1 else x.reshape(x.size)
+
+
+def grid(n: int) -> tuple[int, int]:
+    """(blocks, threads) covering n elements with one thread each.
+
+    >>> grid(1000)
+    (4, 256)
+    """
+    return (n + THREADS - 1) // THREADS, THREADS
+
+
+@njit(cache=True)
+def chunk_table(tensors, chunk):  # -> (rows, 3) int64: tensor, start, stop
+    rows = 0
+    for a in tensors:
+        rows += (a.size + chunk - 1) // chunk
+    table = np.empty((rows, 3), np.int64)
+    r = 0
+    for t in range(len(tensors)):
+        n = tensors[t].size
+        for start in range(0, n, chunk):
+            table[r, 0] = t
+            table[r, 1] = start
+            table[r, 2] = min(start + chunk, n)
+            r += 1
+    return table
+
+
+@njit(cache=True)
+def check_sizes(a, b):
+    if len(a) != len(b):
+        raise ValueError("multi-tensor kernel: the tensor lists differ in length")
+    for t in range(len(a)):
+        if a[t].size != b[t].size:
+            raise ValueError("multi-tensor kernel: a tensor's buffers differ in size")

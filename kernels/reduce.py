@@ -1,0 +1,167 @@
+"""All-reduce (sum or mean) over N same-shaped buffers, and scale (out = a * x, with a cast).
+
+The sum runs in buffer order, ((b0 + b1) + b2) + ..., so results are deterministic; the mean
+divides that sum by N in the buffers' dtype. all_reduce_ref/scale_ref are the specs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import cuda, njit, prange
+
+from .common import CHUNK, device_view, flat, grid, same_dtype, tensor_list
+
+_OPS = ("sum", "mean")
+
+
+def all_reduce_ref(bufs: Sequence[np.ndarray], op: str = "sum") -> np.ndarray:
+    """The spec: a new array holding the sum (or mean) of `bufs`, added in list order.
+
+    >>> all_reduce_ref([np.ones(2), np.full(2, 3.0)], op="mean")
+    array([2., 2.])
+    """
+    _check_op(op)
+    acc = bufs[0].copy()
+    for b in bufs[1:]:
+        acc = acc + b
+    return acc / len(bufs) if op == "mean" else acc
+
+
+def _check_op(op):
+    if op not in _OPS:
+        raise ValueError(f"all_reduce: expected op in {_OPS}, got {op!r}")
+
+
+@njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
+def _all_reduce(bufs, out, count, mean, broadcast):  # bufs: list of (n,); out: (n,)
+    n = out.size
+    for b in bufs:
+        if b.size != n:
+            raise ValueError("all_reduce: buffers differ in size")
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        start, stop = c * CHUNK, min(c * CHUNK + CHUNK, n)
+        # chunk by chunk, so the running sum stays in cache while each buffer streams by once
+        acc = out[start:stop]
+        first = bufs[0][start:stop]
+        for i in range(stop - start):
+            acc[i] = first[i]
+        for k in range(1, len(bufs)):
+            b = bufs[k][start:stop]
+            for i in range(stop - start):
+                acc[i] += b[i]
+        if mean:
+            for i in range(stop - start):
+                acc[i] /= count
+        if broadcast:
+            for k in range(1, len(bufs)):
+                b = bufs[k][start:stop]
+                for i in range(stop - start):
+                    b[i] = acc[i]
+
+
+def all_reduce_cpu(bufs: Sequence[np.ndarray], op: str = "sum", out: np.ndarray | None = None):
+    """Reduce host buffers in one parallel pass; the result goes into every buffer, or into
+    `out` when given (`out` may be bufs[0] but must not overlap the others). Returns the result.
+
+    >>> a, b = np.ones(3, np.float32), np.full(3, 2, np.float32); _ = all_reduce_cpu([a, b]); b
+    array([3., 3., 3.], dtype=float32)
+    """
+    _check_op(op)
+    ts = tensor_list(bufs)
+    if out is None:
+        dst = ts[0]
+    else:
+        same_dtype("all_reduce_cpu", ts, out)
+        dst = flat(out)
+        if any(np.may_share_memory(dst, b) for b in ts[1:]):
+            raise ValueError("all_reduce_cpu: out overlaps a buffer other than bufs[0]")
+    _all_reduce(ts, dst, dst.dtype.type(len(ts)), op == "mean", out is None)
+    return bufs[0] if out is None else out
+
+
+@cuda.jit
+def _all_reduce_kernel(bufs, out, count, mean, broadcast):  # bufs: tuple of (n,); out: (n,)
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        acc = bufs[0][i]
+        for k in range(1, len(bufs)):
+            acc += bufs[k][i]
+        if mean:
+            acc /= count
+        out[i] = acc
+        if broadcast:
+            for k in range(1, len(bufs)):
+                bufs[k][i] = acc
+
+
+def all_reduce_gpu(bufs: Sequence, op: str = "sum", out=None, stream=0) -> None:
+    """Launch one kernel reducing device buffers (each on this device, or peer-accessible);
+    the result goes into every buffer, or into `out` (which may alias any of them). No sync.
+
+    >>> all_reduce_gpu([d0, d1], op="mean", stream=s)  # device arrays  # doctest: +SKIP
+    """
+    _check_op(op)
+    same_dtype("all_reduce_gpu", *bufs, out)
+    views = tuple(device_view(b) for b in bufs)
+    dst = views[0] if out is None else device_view(out)
+    if any(b.shape != dst.shape for b in views):
+        raise ValueError(f"all_reduce_gpu: buffers differ in size: {[b.shape for b in views]}")
+    n = dst.shape[0]
+    if n:
+        count = np.dtype(dst.dtype).type(len(views))
+        _all_reduce_kernel[grid(n) + (stream,)](views, dst, count, op == "mean", out is None)
+
+
+def scale_ref(x: np.ndarray, a: float, dtype=None) -> np.ndarray:
+    """The spec: a * x computed in the wider of x's dtype and `dtype`, returned as `dtype`.
+
+    >>> scale_ref(np.ones(2, np.float32), 0.5, np.float64)
+    array([0.5, 0.5])
+    """
+    dtype = x.dtype if dtype is None else np.dtype(dtype)
+    wide = np.promote_types(x.dtype, dtype)
+    return (float(a) * x.astype(wide)).astype(dtype)
+
+
+def _scale_factor(x, out, a):
+    return np.promote_types(x.dtype, out.dtype).type(a)
+
+
+@njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
+def _scale(x, a, out):  # x, out: (n,); a in the wider dtype, so the product is rounded once
+    if x.size != out.size:
+        raise ValueError("scale: x and out differ in size")
+    for i in prange(x.size):
+        out[i] = a * x[i]
+
+
+def scale_cpu(x: np.ndarray, a: float, out: np.ndarray) -> np.ndarray:
+    """out = a * x on the host, casting to out's dtype; out may be x. Returns out.
+
+    >>> scale_cpu(np.ones(2, np.float32), 0.25, np.empty(2))
+    array([0.25, 0.25])
+    """
+    _scale(flat(x), _scale_factor(x, out, a), flat(out))
+    return out
+
+
+@cuda.jit
+def _scale_kernel(x, a, out):  # x, out: (n,)
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a * x[i]
+
+
+def scale_gpu(x, a: float, out, stream=0) -> None:
+    """Launch out = a * x on a device, casting to out's dtype; out may be x. No sync.
+
+    >>> scale_gpu(g, 1 / 4, g, stream=s)  # device array  # doctest: +SKIP
+    """
+    factor = _scale_factor(x, out, a)
+    x, out = device_view(x), device_view(out)
+    if x.shape != out.shape:
+        raise ValueError(f"scale_gpu: x and out differ in size: {x.shape}, {out.shape}")
+    if out.shape[0]:
+        _scale_kernel[grid(out.shape[0]) + (stream,)](x, factor, out)
