@@ -20,6 +20,8 @@ def flat(x: np.ndarray) -> np.ndarray:
     >>> flat(np.zeros((2, 3), np.float32)).shape
     (6,)
     """
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"kernel: expected a numpy ndarray to update in place, got {type(x)}")
     if not x.flags.c_contiguous:
         raise ValueError(f"kernel: expected a C-contiguous buffer, got strides {x.strides}")
     return x.reshape(-1)

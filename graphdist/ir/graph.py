@@ -33,7 +33,10 @@ class Lit:
 
     def __str__(self) -> str:
         value = self.value.item() if hasattr(self.value, "item") else self.value
-        return f"{value:.6g}" if isinstance(value, float) else repr(value)
+        if not isinstance(value, float):
+            return repr(value)
+        text = f"{value:.6g}"
+        return text if any(c in text for c in ".ein") else text + ".0"
 
 
 @dataclass(frozen=True, slots=True, eq=False)

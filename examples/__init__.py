@@ -1,0 +1,1 @@
+"""Small complete graphdist programs (installed as graphdist.examples; used by the demo)."""

@@ -1,0 +1,7 @@
+"""`python -m graphdist` is the `graphdist` command."""
+
+import sys
+
+from graphdist.cli import main
+
+sys.exit(main())
