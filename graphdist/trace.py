@@ -206,7 +206,7 @@ def function(fn=None):
     >>> f(np.ones(3, np.float32)).shape
     (3,)
     """
-    from graphdist.function import Function
+    from graphdist.compiled import Function
 
     if fn is None:
         return function

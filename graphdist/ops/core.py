@@ -147,7 +147,7 @@ def resolve_scalars(op: Op, args: tuple) -> tuple:
                  if is_python_scalar(a) else a for a in args)
 
 
-def bind(op: Op, *args, **params):
+def bind(op: Op, /, *args, **params):
     """Apply `op`: record it in the active trace, or run it now on numpy arrays."""
     tracer = current_tracer()
     if tracer is not None and (not args or any(isinstance(a, Symbolic) for a in args)):

@@ -184,6 +184,13 @@ def _where_shape(cond, x, y):
 where_p.def_impl(lambda xp, c, x, y: xp.where(c, x, y))
 
 
+@where_p.def_out
+def _where_out(xp, out, c, x, y):
+    # correct when `out` is x or y (the lowering may donate a dying input's buffer)
+    xp.copyto(out, y, where=xp.logical_not(c))
+    xp.copyto(out, x, where=c)
+
+
 @where_p.def_vjp
 def _where_vjp(ct, c, x, y):
     return None, unbroadcast(where(c, ct, 0), x.ty), unbroadcast(where(c, 0, ct), y.ty)

@@ -75,3 +75,33 @@ def _adam_impl(xp, p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_deca
     m = dt(beta_1) * m + dt(1 - beta_1) * g
     v = dt(beta_2) * v + dt(1 - beta_2) * (g * g)
     return p - lr_t * m / (xp.sqrt(v) + dt(epsilon)), m, v
+
+
+# ---------------------------------------------------------------- in-place kernels
+# Each adapter takes the op's inputs in op order and updates the donated buffers in place
+# (outputs -> inputs in `inplace`); graphdist.kernels is imported only when one runs.
+
+def sgd_cpu_kernel(p, g, *, lr, weight_decay):
+    from graphdist.kernels.sgd import sgd_cpu
+
+    sgd_cpu(p, g, None, lr, 0.0, False, weight_decay)
+
+
+def momentum_cpu_kernel(p, m, g, *, lr, momentum, nesterov, weight_decay):
+    from graphdist.kernels.sgd import sgd_cpu
+
+    sgd_cpu(p, g, m, lr, momentum, nesterov, weight_decay)
+
+
+def adam_cpu_kernel(p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
+    from graphdist.kernels.adam import adam_cpu
+
+    adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, lr * weight_decay)
+
+
+sgd_p.inplace = {0: 0}
+momentum_p.inplace = {0: 0, 1: 1}
+adam_p.inplace = {0: 0, 1: 1, 2: 2}
+sgd_p.def_kernel("cpu", "graphdist.ops.optim:sgd_cpu_kernel")
+momentum_p.def_kernel("cpu", "graphdist.ops.optim:momentum_cpu_kernel")
+adam_p.def_kernel("cpu", "graphdist.ops.optim:adam_cpu_kernel")

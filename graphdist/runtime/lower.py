@@ -168,7 +168,8 @@ class _Lowering:
             self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
             self.bind_buffer(out, buf)
         else:
-            fn = self.glob("F", functools.partial(op.impl, self.xp, **params))
+            fn = (self.glob("U", getattr(self.xp, op.ufunc)) if op.ufunc and not params
+                  else self.glob("F", functools.partial(op.impl, self.xp, **params)))
             names = [f"v{next(self.counter)}" for _ in eqn.outputs]
             target = names[0] if len(names) == 1 else ", ".join(names) + ("," if len(names) == 1 else "")
             self.emit(f"{target} = {fn}({args})", eqn)

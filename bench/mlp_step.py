@@ -1,0 +1,129 @@
+"""One training step of an MLP 784-1024-1024-10 (relu), batch 512, float32, Adam, on one CPU
+device: graphdist's compiled step against a hand-written numpy forward/backward/Adam step
+that reuses its buffers (`out=`), side by side in one run.
+
+    python -m bench.mlp_step
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import graphdist as gd
+from bench.common import interleaved, save, table
+
+SIZES = (784, 1024, 1024, 10)
+BATCH = 512
+LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-7
+
+
+def init(seed=0):
+    rng = np.random.default_rng(seed)
+    params = []
+    for a, b in zip(SIZES[:-1], SIZES[1:]):
+        params += [(rng.standard_normal((a, b)) * np.sqrt(2 / a)).astype(np.float32),
+                   np.zeros(b, np.float32)]
+    return params
+
+
+class NumpyStep:
+    """Forward, backward and Adam written by hand with preallocated buffers."""
+
+    def __init__(self, params):
+        self.p = [p.copy() for p in params]
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+        self.g = [np.zeros_like(p) for p in params]
+        self.tmp = [np.zeros_like(p) for p in params]
+        self.t = 0
+        self.h = [np.empty((BATCH, n), np.float32) for n in SIZES[1:]]
+        self.d = [np.empty((BATCH, n), np.float32) for n in SIZES[1:]]
+        self.rows = np.arange(BATCH)
+
+    def __call__(self, x, y):
+        p, h, d = self.p, self.h, self.d
+        # forward
+        np.matmul(x, p[0], out=h[0]); h[0] += p[1]; np.maximum(h[0], 0, out=h[0])
+        np.matmul(h[0], p[2], out=h[1]); h[1] += p[3]; np.maximum(h[1], 0, out=h[1])
+        np.matmul(h[1], p[4], out=h[2]); h[2] += p[5]
+        logits = h[2]
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        e = np.exp(shifted)
+        s = e.sum(axis=1, keepdims=True)
+        loss = float(np.mean(np.log(s[:, 0]) - shifted[self.rows, y]))
+        # backward: d logits = (softmax - onehot) / B
+        np.divide(e, s, out=d[2]); d[2][self.rows, y] -= 1; d[2] /= BATCH
+        np.matmul(h[1].T, d[2], out=self.g[4]); np.sum(d[2], axis=0, out=self.g[5])
+        np.matmul(d[2], p[4].T, out=d[1]); d[1] *= h[1] > 0
+        np.matmul(h[0].T, d[1], out=self.g[2]); np.sum(d[1], axis=0, out=self.g[3])
+        np.matmul(d[1], p[2].T, out=d[0]); d[0] *= h[0] > 0
+        np.matmul(x.T, d[0], out=self.g[0]); np.sum(d[0], axis=0, out=self.g[1])
+        # Adam, in place
+        self.t += 1
+        lr_t = np.float32(LR * np.sqrt(1 - B2 ** self.t) / (1 - B1 ** self.t))
+        for p_, g, m, v, tmp in zip(p, self.g, self.m, self.v, self.tmp):
+            m *= np.float32(B1); np.multiply(g, np.float32(1 - B1), out=tmp); m += tmp
+            v *= np.float32(B2); np.multiply(g, g, out=tmp); tmp *= np.float32(1 - B2); v += tmp
+            np.sqrt(v, out=tmp); tmp += np.float32(EPS); np.divide(m, tmp, out=tmp)
+            tmp *= lr_t; p_ -= tmp
+        return loss
+
+
+def graphdist_step(params, fused: bool):
+    gd.config.set_fused_kernels(fused)
+    ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(params)]
+    opt = gd.optimizers.Adam(learning_rate=LR, beta_1=B1, beta_2=B2, epsilon=EPS)
+
+    @gd.function
+    def step(x, y):
+        with gd.GradientTape() as tape:
+            h = x
+            for i in range(0, len(ws), 2):
+                h = h @ ws[i] + ws[i + 1]
+                if i + 2 < len(ws):
+                    h = gd.relu(h)
+            loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, h))
+        opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+        return loss
+
+    return step, ws
+
+
+def main(repeat: int = 20) -> dict:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((BATCH, SIZES[0])).astype(np.float32)
+    y = rng.integers(0, SIZES[-1], BATCH).astype(np.int32)
+    params = init()
+    by_hand = NumpyStep(params)
+    contenders = {"numpy by hand (out=)": lambda: by_hand(x, y)}
+    steps = {}
+    for fused in (True, False):
+        step, ws = graphdist_step(params, fused)
+        name = f"graphdist ({'fused kernels' if fused else 'numpy impls'})"
+        steps[name] = (step, ws)
+        contenders[name] = (lambda s=step: s(x, y))
+    gd.config.set_fused_kernels(True)
+    # correctness first: three steps of each agree with the hand-written step
+    check = NumpyStep(params)
+    for name, (step, ws) in steps.items():
+        fresh_step, fresh_ws = graphdist_step(params, "fused" in name)
+        for _ in range(3):
+            fresh_step(x, y)
+        if name == next(iter(steps)):
+            for _ in range(3):
+                check(x, y)
+        for w, ref in zip(fresh_ws, check.p):
+            np.testing.assert_allclose(w.numpy(), ref, rtol=2e-3, atol=2e-5)
+    gd.config.set_fused_kernels(True)
+    t = interleaved(contenders, repeat=repeat, warmup=3)
+    base = t["numpy by hand (out=)"]["median_s"]
+    rows = [[k, v["median_s"] * 1e3, v["min_s"] * 1e3, v["median_s"] / base] for k, v in t.items()]
+    text = table(f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}, Adam, one CPU device "
+                 f"(median of {repeat}; target: graphdist <= numpy by hand)",
+                 ["contender", "median ms", "min ms", "vs numpy"], rows)
+    save("mlp_step", {"sizes": SIZES, "batch": BATCH, "results": t, "table": text})
+    return t
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The CUDA kernels of graphdist.kernels against their numpy references.
+
+Runs on a real GPU, and at tiny sizes under Numba's CUDA simulator, which
+tests/test_kernels_cudasim.py starts in a child process with NUMBA_ENABLE_CUDASIM=1.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from numba import cuda
+
+from graphdist.kernels import adam, reduce, sgd
+
+SIM = bool(numba.config.ENABLE_CUDASIM)
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda.is_available(), reason="needs CUDA or NUMBA_ENABLE_CUDASIM=1"),
+]
+
+DTYPES = [np.float32, np.float64]
+SIZES = [1, 7, 300] if SIM else [1, 7, 1000, 100003]  # the simulator runs threads in Python
+# nvcc-style FMA contraction on the device rounds a*b + c once, so allow a few ulps of drift
+TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14)}
+
+
+def _close(device_array, expected):
+    np.testing.assert_allclose(device_array.copy_to_host(), expected, **TOL[expected.dtype.type])
+
+
+def _randn(rng, shape, dtype):
+    return np.asarray(rng.standard_normal(shape), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", [dict(lr=0.1, weight_decay=0.01),
+                                    dict(lr=0.05, momentum=0.9, nesterov=True)])
+def test_sgd_gpu_matches_ref(dtype, config):
+    rng, stream = np.random.default_rng(0), cuda.stream()
+    momentum = config.get("momentum")
+    for n in SIZES:
+        p_ref, m_ref = _randn(rng, n, dtype), np.zeros(n, dtype) if momentum else None
+        p, m = cuda.to_device(p_ref), cuda.to_device(np.zeros(n, dtype)) if momentum else None
+        for _ in range(2):
+            g = _randn(rng, n, dtype)
+            p_ref, m_ref = sgd.sgd_ref(p_ref, g, m_ref, **config)
+            sgd.sgd_gpu(p, cuda.to_device(g), m, **config, stream=stream)
+        stream.synchronize()
+        _close(p, p_ref)
+        if momentum:
+            _close(m, m_ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sgd_multi_gpu_matches_per_tensor_ref(dtype):
+    rng, shapes = np.random.default_rng(1), [(), (3, 4), (SIZES[-1],)]
+    refs = [(_randn(rng, s, dtype), np.zeros(s, dtype)) for s in shapes]
+    ps, ms = [cuda.to_device(p) for p, _ in refs], [cuda.to_device(m) for _, m in refs]
+    gs = [_randn(rng, s, dtype) for s in shapes]
+    sgd.sgd_multi_gpu(ps, [cuda.to_device(g) for g in gs], ms, lr=0.1, momentum=0.9)
+    for p, m, (p_ref, m_ref), g in zip(ps, ms, refs, gs):
+        p_ref, m_ref = sgd.sgd_ref(p_ref, g, m_ref, lr=0.1, momentum=0.9)
+        _close(p, p_ref)
+        _close(m, m_ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_decay_lr", [0.0, 0.01])
+def test_adam_gpu_matches_ref(dtype, weight_decay_lr):
+    rng = np.random.default_rng(2)
+    for n in SIZES:
+        ref = _randn(rng, n, dtype), np.zeros(n, dtype), np.zeros(n, dtype)
+        p, m, v = (cuda.to_device(x) for x in ref)
+        for t in range(1, 3):
+            g = _randn(rng, n, dtype)
+            lr_t = 1e-2 * np.sqrt(1 - 0.999**t) / (1 - 0.9**t)
+            ref = adam.adam_ref(ref[0], g, ref[1], ref[2], lr_t, 0.9, 0.999, 1e-7, weight_decay_lr)
+            adam.adamw_gpu(p, cuda.to_device(g), m, v, lr_t, 0.9, 0.999, 1e-7, weight_decay_lr)
+        cuda.synchronize()
+        for actual, expected in zip((p, m, v), ref):
+            _close(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adam_multi_gpu_matches_per_tensor_ref(dtype):
+    rng, shapes = np.random.default_rng(3), [(), (3, 4), (SIZES[-1],)]
+    refs = [(_randn(rng, s, dtype), np.zeros(s, dtype), np.zeros(s, dtype)) for s in shapes]
+    ps, ms, vs = ([cuda.to_device(r[k]) for r in refs] for k in range(3))
+    gs = [_randn(rng, s, dtype) for s in shapes]
+    adam.adam_multi_gpu(ps, [cuda.to_device(g) for g in gs], ms, vs, 1e-2, 0.9, 0.999, 1e-7,
+                        weight_decay_lr=1e-4)
+    cuda.synchronize()
+    for arrays, (p, m, v), g in zip(zip(ps, ms, vs), refs, gs):
+        for actual, expected in zip(arrays, adam.adam_ref(p, g, m, v, 1e-2, 0.9, 0.999, 1e-7,
+                                                          1e-4)):
+            _close(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_all_reduce_gpu_matches_ref(dtype, op):
+    rng = np.random.default_rng(4)
+    for n in [1, 7, 300 if SIM else 4097]:
+        for count in range(1, 5):
+            host = [_randn(rng, (n,), dtype) for _ in range(count)]
+            expected = reduce.all_reduce_ref(host, op)
+            out = cuda.device_array(n, dtype)
+            reduce.all_reduce_gpu([cuda.to_device(b) for b in host], op, out=out)
+            _close(out, expected)
+            bufs = [cuda.to_device(b) for b in host]
+            reduce.all_reduce_gpu(bufs, op)  # in place: every buffer gets the result
+            for b in bufs:
+                _close(b, expected)
+
+
+@pytest.mark.parametrize(("src", "dst"), [(np.float32, np.float32), (np.float32, np.float64),
+                                          (np.float64, np.float32)])
+def test_scale_gpu_matches_ref(src, dst):
+    x = _randn(np.random.default_rng(5), (SIZES[-1],), src)
+    out = cuda.device_array(x.shape, dst)
+    reduce.scale_gpu(cuda.to_device(x), 0.1, out)
+    np.testing.assert_array_equal(out.copy_to_host(), reduce.scale_ref(x, 0.1, dst))
