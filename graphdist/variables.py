@@ -15,6 +15,7 @@ from graphdist.distribute.values import VariableAggregation, VariableSynchroniza
 from graphdist.errors import TraceError
 from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
 from graphdist.ops.core import Symbolic, current_tracer
+from graphdist.ops.math import add, subtract
 from graphdist.ops.operators import Operators
 
 _ids = itertools.count()
@@ -28,15 +29,19 @@ def _initial_array(initial_value, dtype) -> np.ndarray:
                          "number), not a symbolic tensor; create variables outside traced code")
     if isinstance(initial_value, Variable):
         initial_value = initial_value.numpy()
-    if dtype is None and isinstance(initial_value, float):
-        dtype = DEFAULT_FLOAT
-    elif dtype is None and isinstance(initial_value, bool):
-        dtype = np.bool_
-    elif dtype is None and isinstance(initial_value, int):
-        dtype = np.int32
+    if dtype is None and _python_scalars(initial_value):   # numpy scalars keep their dtype
+        kind = np.asarray(initial_value).dtype.kind        # Python numbers: float32 / int32
+        dtype = {"f": DEFAULT_FLOAT, "i": np.int32}.get(kind)
     value = np.array(initial_value, dtype=None if dtype is None else as_dtype(dtype))
     as_dtype(value.dtype)
     return value
+
+
+def _python_scalars(x) -> bool:
+    """A Python number, or a (nested) list/tuple of them: TF/JAX give these 32-bit dtypes."""
+    if isinstance(x, (list, tuple)):
+        return all(_python_scalars(e) for e in x)
+    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
 
 
 def _enum(kind, value, what: str):
@@ -138,13 +143,12 @@ class Variable(Operators, Symbolic):
         self.assign_components(self._split_for_components(new.astype(self.dtype)))
         return self
 
+    # eagerly as in a trace: gd.add/subtract apply the dtype rules (no silent casts)
     def assign_add(self, delta):
-        return self.assign(self.read_value() + delta) if current_tracer() is not None \
-            else self.assign(self.eager_value() + np.asarray(delta, dtype=self.dtype))
+        return self.assign(add(self.read_value(), delta))
 
     def assign_sub(self, delta):
-        return self.assign(self.read_value() - delta) if current_tracer() is not None \
-            else self.assign(self.eager_value() - np.asarray(delta, dtype=self.dtype))
+        return self.assign(subtract(self.read_value(), delta))
 
     def _split_for_components(self, new: np.ndarray) -> list:
         # a cross-replica write of a SUM sync-on-read variable stores value/N per replica

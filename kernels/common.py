@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import cuda, njit, typed
+from numba import config, cuda, njit, typed
 
 CHUNK = 1 << 16  # elements per (tensor, chunk) row of a multi-tensor CPU call
-THREADS = 256  # CUDA threads per block
+# CUDA threads per block; the simulator runs each thread as a Python thread, so keep blocks small
+THREADS = 32 if config.ENABLE_CUDASIM else 256
 
 
 def flat(x: np.ndarray) -> np.ndarray:
@@ -51,8 +52,9 @@ def tensor_list(arrays: Sequence[np.ndarray]) -> typed.List:
     dtype = arrays[0].dtype
     for a in arrays:
         if a.dtype != dtype:
-            raise TypeError(f"kernel: tensors of one call must share a dtype, got {dtype} and "
-                            f"{a.dtype}")
+            raise TypeError(
+                f"kernel: tensors of one call must share a dtype, got {dtype} and {a.dtype}"
+            )
     return typed.List([flat(a) for a in arrays])
 
 
@@ -70,8 +72,8 @@ def device_view(x):
 def grid(n: int) -> tuple[int, int]:
     """(blocks, threads) covering n elements with one thread each.
 
-    >>> grid(1000)
-    (4, 256)
+    >>> grid(1000) == ((1000 + THREADS - 1) // THREADS, THREADS)
+    True
     """
     return (n + THREADS - 1) // THREADS, THREADS
 

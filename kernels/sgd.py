@@ -12,7 +12,14 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from .common import (
-    CHUNK, check_sizes, chunk_table, device_view, flat, grid, same_dtype, tensor_list,
+    CHUNK,
+    check_sizes,
+    chunk_table,
+    device_view,
+    flat,
+    grid,
+    same_dtype,
+    tensor_list,
 )
 
 
@@ -96,8 +103,15 @@ def _sgd_multi(ps, gs, ms, lr, momentum, weight_decay, nesterov):  # lists of (n
                 m[i] = mi
 
 
-def sgd_multi_cpu(params: Sequence, grads: Sequence, ms: Sequence | None, lr, momentum=0.0,
-                  nesterov=False, weight_decay=0.0) -> None:
+def sgd_multi_cpu(
+    params: Sequence,
+    grads: Sequence,
+    ms: Sequence | None,
+    lr,
+    momentum=0.0,
+    nesterov=False,
+    weight_decay=0.0,
+) -> None:
     """sgd_cpu over every tensor of a device in one parallel call; ms may be None.
 
     Lists may be Python sequences of arrays or typed Lists from common.tensor_list.
@@ -143,8 +157,16 @@ def sgd_gpu(p, g, m, lr, momentum=0.0, nesterov=False, weight_decay=0.0, stream=
     _sgd_launch(p, g, m, scalars, bool(nesterov), stream)
 
 
-def sgd_multi_gpu(params: Sequence, grads: Sequence, ms: Sequence | None, lr, momentum=0.0,
-                  nesterov=False, weight_decay=0.0, stream=0) -> None:
+def sgd_multi_gpu(
+    params: Sequence,
+    grads: Sequence,
+    ms: Sequence | None,
+    lr,
+    momentum=0.0,
+    nesterov=False,
+    weight_decay=0.0,
+    stream=0,
+) -> None:
     """sgd_gpu over every tensor of a device: one launch per tensor, all on `stream`.
 
     >>> sgd_multi_gpu([p], [g], [m], lr=0.1, momentum=0.9)  # doctest: +SKIP
@@ -155,5 +177,6 @@ def sgd_multi_gpu(params: Sequence, grads: Sequence, ms: Sequence | None, lr, mo
         raise ValueError("sgd_multi_gpu: the tensor lists differ in length")
     scalars = _scalars(params[0].dtype, lr, momentum, weight_decay, ms)
     for t in range(len(params)):
-        _sgd_launch(params[t], grads[t], None if ms is None else ms[t], scalars, bool(nesterov),
-                    stream)
+        _sgd_launch(
+            params[t], grads[t], None if ms is None else ms[t], scalars, bool(nesterov), stream
+        )

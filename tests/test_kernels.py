@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from graphdist.kernels import adam, common, reduce, sgd
 
 DTYPES = [np.float32, np.float64]
@@ -25,10 +24,10 @@ def _randn(rng, shape, dtype, scale=1.0):
 
 
 SGD_CONFIGS = [
-    dict(lr=0.1),
-    dict(lr=0.05, weight_decay=0.01),
-    dict(lr=0.05, momentum=0.9),
-    dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    {"lr": 0.1},
+    {"lr": 0.05, "weight_decay": 0.01},
+    {"lr": 0.05, "momentum": 0.9},
+    {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
 ]
 
 
@@ -108,8 +107,10 @@ def test_adam_multi_cpu_matches_per_tensor_ref(dtype, weight_decay_lr):
     lists = [common.tensor_list(x) for x in (ps, ms, vs)]
     for t in range(1, 4):
         gs = [_randn(rng, s, dtype) for s in SHAPES]
-        refs = [adam.adamw_ref(p, g, m, v, *_adam_args(t), weight_decay_lr)
-                for (p, m, v), g in zip(refs, gs)]
+        refs = [
+            adam.adamw_ref(p, g, m, v, *_adam_args(t), weight_decay_lr)
+            for (p, m, v), g in zip(refs, gs)
+        ]
         adam.adam_multi_cpu(lists[0], gs, lists[1], lists[2], *_adam_args(t), weight_decay_lr)
         for arrays, ref in zip(zip(ps, ms, vs), refs):
             for actual, expected in zip(arrays, ref):
@@ -142,8 +143,15 @@ def test_multi_cpu_checks_its_inputs():
 def test_chunk_table_covers_every_element_once():
     tensors = common.tensor_list([np.zeros(n) for n in (0, 1, 7, 20, 16)])
     table = common.chunk_table(tensors, 8)  # (rows, 3): tensor, start, stop
-    assert table.tolist() == [[1, 0, 1], [2, 0, 7], [3, 0, 8], [3, 8, 16], [3, 16, 20],
-                              [4, 0, 8], [4, 8, 16]]
+    assert table.tolist() == [
+        [1, 0, 1],
+        [2, 0, 7],
+        [3, 0, 8],
+        [3, 8, 16],
+        [3, 16, 20],
+        [4, 0, 8],
+        [4, 8, 16],
+    ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -183,8 +191,15 @@ def test_all_reduce_checks_its_inputs():
     reduce.all_reduce_cpu([a, b], out=a)  # out may be bufs[0]
 
 
-@pytest.mark.parametrize(("src", "dst"), [(np.float32, np.float32), (np.float32, np.float64),
-                                          (np.float64, np.float32), (np.float64, np.float64)])
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        (np.float32, np.float32),
+        (np.float32, np.float64),
+        (np.float64, np.float32),
+        (np.float64, np.float64),
+    ],
+)
 def test_scale_cpu_matches_ref(src, dst):
     rng = np.random.default_rng(4)
     for n in SIZES:

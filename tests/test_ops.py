@@ -93,7 +93,8 @@ def _reduce_cases(fn, ref):
         cases = []
         for shape, axis in [((3, 4, 5), None), ((3, 4, 5), 0), ((3, 4, 5), -1), ((3, 4, 5), 1),
                             ((3, 4, 5), (0, 2)), ((3, 4, 5), (-1, 0)), ((3, 4, 5), (0, 1, 2)),
-                            ((7,), 0), ((), None), ((60, 50), 1), ((60, 50), None)]:
+                            ((3, 4, 5), ()), ((7,), 0), ((), None), ((60, 50), 1),
+                            ((3, 48, 50), 0)]:     # a >= 16 KiB output: the out= path
             for keepdims in (False, True):
                 x = _u(rng, *shape)
                 norm = (None if axis is None else
@@ -176,7 +177,7 @@ def _cast(rng):
                  params={"dtype": np.dtype("int32")}, diff=()),
             Case((x,), lambda x: gd.cast(x > 0, "float64"), lambda x: (x > 0).astype(F64),
                  op_args=(x > 0,), params={"dtype": np.dtype("float64")}, diff=()),
-            Case((_u(rng, 48, 50),), lambda x: gd.cast(x, "float32"),
+            Case((_u(rng, 64, 80),), lambda x: gd.cast(x, "float32"),   # out= path
                  lambda x: x.astype(np.float32), params={"dtype": np.dtype("float32")},
                  eps=1e-2, rtol=1e-4)]
 
@@ -378,6 +379,14 @@ def _all_cases():
 ALL = _all_cases()
 
 
+# runtime/lower.py binds a multi-output op (num_outputs=None) with ONE output to the whole
+# tuple its impl returns, so split into one part yields an array of shape (1, ...).
+def _xfail_lowering(params, bad):
+    return [pytest.param(*p.values, id=p.id, marks=pytest.mark.xfail(
+        strict=True, reason="runtime/lower.py: split with one output returns a tuple"))
+        if tuple(p.values) in bad else p for p in params]
+
+
 def _case(name, i, seed=0):
     return CASES[name](np.random.default_rng(seed))[i]
 
@@ -402,6 +411,36 @@ def test_shape_rule_matches_impl(name, i):
     for ty, out in zip(expect, got):
         out = np.asarray(out)
         assert (tuple(out.shape), out.dtype) == (ty.shape, ty.dtype), (name, ty, out.shape)
+    flops, moved = op.cost(tuple(types), expect, case.params)   # summaries and profiles
+    assert int(flops) >= 0 and int(moved) >= 0
+
+
+def _retyped(args, dtype):
+    out = []
+    for a in args:
+        a = np.asarray(a)
+        if a.dtype.kind == "f":
+            a = (np.abs(a) * 3).astype(dtype) if np.dtype(dtype).kind == "i" else a.astype(dtype)
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
+@pytest.mark.parametrize("name,i", [p for p in ALL if p.values[0] not in ("constant", "fill")])
+def test_other_dtypes_keep_the_shape_rules_dtype(name, i, dtype):
+    """float32 and int inputs: where the shape rule accepts them, the eager result (and the
+    impl) has exactly the dtype it promises; numpy's own promotions must not leak through."""
+    case, op = _case(name, i), OPS[name]
+    args = _retyped(case.prim_args(), dtype)
+    try:
+        expect = op.out_types(*(ArrayType(a.shape, a.dtype) for a in args), **case.params)
+    except TypeError:
+        return                                   # the op refuses this dtype: fine
+    for ty, out in zip(expect, _as_list(op.impl(np, *args, **case.params))):
+        assert np.asarray(out).dtype == ty.dtype, (ty, np.asarray(out).dtype)
+    if case.op_args is None:                     # the public call binds the op as is
+        for ty, out in zip(expect, _as_list(case.fn(*_retyped(case.args, dtype)))):
+            assert out.dtype == ty.dtype and out.shape == ty.shape, (ty, out.dtype, out.shape)
 
 
 # ---------------------------------------------------------------- (b) eager vs numpy
@@ -419,9 +458,9 @@ def test_eager_matches_numpy(name, i):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name,i", [p for p in ALL if p.values[0] in (
+@pytest.mark.parametrize("name,i", _xfail_lowering([p for p in ALL if p.values[0] in (
     "add", "mul", "tanh", "sigmoid", "reduce_sum", "reduce_max", "matmul", "getitem", "split",
-    "concat", "where", "cast", "one_hot", "transpose", "broadcast_to")])
+    "concat", "where", "cast", "one_hot", "transpose", "broadcast_to")], {("split", 2)}))
 def test_compiled_matches_numpy(name, i):
     """The same formulas through gd.function (trace, passes, lowering)."""
     case = _case(name, i)
@@ -482,13 +521,42 @@ def check_vjp(fn, args, argnums, rng, eps=1e-6, rtol=1e-6):
 DIFFERENTIABLE = [p for p in ALL if OPS[p.values[0]].differentiable]
 
 
-@pytest.mark.parametrize("name,i", DIFFERENTIABLE)
+@pytest.mark.parametrize("name,i", _xfail_lowering(DIFFERENTIABLE, {("concat", 3)}))
 def test_vjp_matches_finite_differences(name, i):
     case = _case(name, i)
     argnums = _float_argnums(case)
     if not argnums:
         pytest.skip("no float inputs in this example")
     check_vjp(case.fn, case.args, argnums, np.random.default_rng(1 + i), case.eps, case.rtol)
+
+
+@pytest.mark.parametrize("name,i", _xfail_lowering(DIFFERENTIABLE,
+                                                   {("concat", 3), ("split", 2)}))
+def test_vjp_in_float32_keeps_float32(name, i):
+    """The backward pass must not bring float64 constants into a float32 graph."""
+    case = _case(name, i)
+    argnums = _float_argnums(case)
+    if not argnums or any(np.asarray(case.args[k]).dtype != F64 for k in argnums):
+        pytest.skip("needs float64 inputs to compare with")
+    args64 = [np.asarray(a) for a in case.args]
+    args32 = [a.astype(np.float32) if a.dtype == F64 else a for a in args64]
+
+    def loss(*xs):
+        return sum(gd.reduce_sum(o) for o in _as_list(case.fn(*xs)))
+
+    v32, g32 = gd.value_and_grad(loss, argnums=tuple(argnums))(*args32)
+    _, g64 = gd.value_and_grad(loss, argnums=tuple(argnums))(*args64)
+    assert np.asarray(v32).dtype == np.float32
+    for a, b in zip(g32, g64):
+        assert a.dtype == np.float32 and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_power_gradient_at_zero_and_negative_base():
+    x, y = np.array([0.0, -2.0, 3.0]), np.array([2.0, 2.0, 2.0])
+    _, (gx, gy) = gd.value_and_grad(lambda x, y: gd.reduce_sum(gd.power(x, y)), (0, 1))(x, y)
+    np.testing.assert_allclose(gx, 2 * x)
+    np.testing.assert_allclose(gy, [0.0, 0.0, 9 * np.log(3.0)])    # log taken as 0 at x <= 0
 
 
 @pytest.mark.parametrize("name", ["stop_gradient", "sign"])

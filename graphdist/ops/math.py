@@ -206,6 +206,8 @@ def _reduce(name: str, fn: str, floats_only=False) -> Op:
     def _shape(x, *, axis, keepdims):
         if floats_only:
             require_float(name, x)
+        if name == "reduce_sum" and x.dtype.kind == "b":
+            raise TypeError(f"reduce_sum: cannot sum a bool tensor {x}; gd.cast it first")
         axes = normalize_axis(name, axis, x.ndim)
         if name == "reduce_max" and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{name}: cannot reduce an empty axis of {x}")
@@ -228,6 +230,9 @@ def _expand_back(ct, x_ty: ArrayType, axis, keepdims):
 
 
 sum_p = _reduce("reduce_sum", "sum")
+# numpy sums int32 into int64: keep the dtype the shape rule promises
+sum_p.def_impl(lambda xp, x, *, axis, keepdims: xp.sum(x, axis=axis, keepdims=keepdims,
+                                                       dtype=x.dtype))
 sum_p.def_vjp(lambda ct, x, *, axis, keepdims: (_expand_back(ct, x.ty, axis, keepdims),))
 
 mean_p = _reduce("reduce_mean", "mean", floats_only=True)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from numba import cuda
-
 from graphdist.kernels import adam, reduce, sgd
+from numba import cuda
 
 SIM = bool(numba.config.ENABLE_CUDASIM)
 pytestmark = [
@@ -22,7 +21,7 @@ pytestmark = [
 DTYPES = [np.float32, np.float64]
 SIZES = [1, 7, 300] if SIM else [1, 7, 1000, 100003]  # the simulator runs threads in Python
 # nvcc-style FMA contraction on the device rounds a*b + c once, so allow a few ulps of drift
-TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14)}
+TOL = {np.float32: {"rtol": 1e-5, "atol": 1e-6}, np.float64: {"rtol": 1e-12, "atol": 1e-14}}
 
 
 def _close(device_array, expected):
@@ -34,8 +33,9 @@ def _randn(rng, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("config", [dict(lr=0.1, weight_decay=0.01),
-                                    dict(lr=0.05, momentum=0.9, nesterov=True)])
+@pytest.mark.parametrize(
+    "config", [{"lr": 0.1, "weight_decay": 0.01}, {"lr": 0.05, "momentum": 0.9, "nesterov": True}]
+)
 def test_sgd_gpu_matches_ref(dtype, config):
     rng, stream = np.random.default_rng(0), cuda.stream()
     momentum = config.get("momentum")
@@ -88,12 +88,14 @@ def test_adam_multi_gpu_matches_per_tensor_ref(dtype):
     refs = [(_randn(rng, s, dtype), np.zeros(s, dtype), np.zeros(s, dtype)) for s in shapes]
     ps, ms, vs = ([cuda.to_device(r[k]) for r in refs] for k in range(3))
     gs = [_randn(rng, s, dtype) for s in shapes]
-    adam.adam_multi_gpu(ps, [cuda.to_device(g) for g in gs], ms, vs, 1e-2, 0.9, 0.999, 1e-7,
-                        weight_decay_lr=1e-4)
+    adam.adam_multi_gpu(
+        ps, [cuda.to_device(g) for g in gs], ms, vs, 1e-2, 0.9, 0.999, 1e-7, weight_decay_lr=1e-4
+    )
     cuda.synchronize()
     for arrays, (p, m, v), g in zip(zip(ps, ms, vs), refs, gs):
-        for actual, expected in zip(arrays, adam.adam_ref(p, g, m, v, 1e-2, 0.9, 0.999, 1e-7,
-                                                          1e-4)):
+        for actual, expected in zip(
+            arrays, adam.adam_ref(p, g, m, v, 1e-2, 0.9, 0.999, 1e-7, 1e-4)
+        ):
             _close(actual, expected)
 
 
@@ -114,8 +116,9 @@ def test_all_reduce_gpu_matches_ref(dtype, op):
                 _close(b, expected)
 
 
-@pytest.mark.parametrize(("src", "dst"), [(np.float32, np.float32), (np.float32, np.float64),
-                                          (np.float64, np.float32)])
+@pytest.mark.parametrize(
+    ("src", "dst"), [(np.float32, np.float32), (np.float32, np.float64), (np.float64, np.float32)]
+)
 def test_scale_gpu_matches_ref(src, dst):
     x = _randn(np.random.default_rng(5), (SIZES[-1],), src)
     out = cuda.device_array(x.shape, dst)

@@ -1,0 +1,362 @@
+"""Tests for graphdist.optimizers: SGD (momentum, Nesterov, coupled decay), Adam and AdamW
+against float64 numpy references written from the formulas of API.md, traced and eager."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from graphdist import config
+
+RTOL, ATOL = 1e-5, 1e-6
+STEPS = 6
+
+
+@pytest.fixture(params=[False, True], ids=["numpy", "fused"])
+def fused(request):
+    old = config.fused_kernels()
+    config.set_fused_kernels(request.param)
+    yield request.param
+    config.set_fused_kernels(old)
+
+
+# ---------------------------------------------------------------- numpy references
+
+
+def sgd_ref(p, g, m, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
+    """torch.optim.SGD: coupled decay before momentum; returns new (p, m)."""
+    g = g + weight_decay * p
+    if momentum:
+        m = momentum * m + g
+        step = g + momentum * m if nesterov else m
+    else:
+        step = g
+    return p - lr * step, m
+
+
+def adam_ref(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-7, weight_decay=0.0):
+    """TF Adam (epsilon outside the bias correction), AdamW decay first; returns (p, m, v)."""
+    p = p - lr * weight_decay * p
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    lr_t = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
+    return p - lr_t * m / (np.sqrt(v) + eps), m, v
+
+
+def linreg_grads(w, b, x, y):
+    """Analytic gradients of mean((x @ w + b - y)^2)."""
+    r = x @ w + b - y
+    scale = 2.0 / r.size
+    return scale * x.T @ r, scale * r.sum(axis=0)
+
+
+def _data(dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(8, 3)).astype(dtype)
+    y = rng.normal(size=(8, 2)).astype(dtype)
+    w0 = rng.normal(size=(3, 2)).astype(dtype)
+    b0 = rng.normal(size=(2,)).astype(dtype)
+    return x, y, w0, b0
+
+
+def _linreg_step(opt, w, b):
+    @gd.function
+    def step(x, y):
+        with gd.GradientTape() as tape:
+            loss = gd.reduce_mean(gd.square(x @ w + b - y))
+        gw, gb = tape.gradient(loss, [w, b])
+        n = opt.apply_gradients(zip([gw, gb], [w, b]))
+        return loss, n, gw, gb
+
+    return step
+
+
+def _close(actual, expected, what, rtol=RTOL, atol=ATOL):
+    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol,
+                               err_msg=what)
+
+
+# ---------------------------------------------------------------- SGD
+
+SGD_CASES = {
+    "plain": {},
+    "momentum": {"momentum": 0.9},
+    "nesterov": {"momentum": 0.9, "nesterov": True},
+    "weight_decay": {"weight_decay": 0.05},
+    "momentum_wd": {"momentum": 0.8, "weight_decay": 0.05},
+    "nesterov_wd": {"momentum": 0.7, "nesterov": True, "weight_decay": 0.1},
+}
+
+
+@pytest.mark.parametrize("case", list(SGD_CASES))
+def test_sgd_matches_reference(case, fused):
+    kw = SGD_CASES[case]
+    x, y, w0, b0 = _data()
+    w, b = gd.Variable(w0, name="w"), gd.Variable(b0, name="b")
+    opt = gd.optimizers.SGD(learning_rate=0.1, **kw)
+    step = _linreg_step(opt, w, b)
+    pw, pb = w0.astype(np.float64), b0.astype(np.float64)
+    mw, mb = np.zeros_like(pw), np.zeros_like(pb)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    for t in range(1, STEPS + 1):
+        gw_ref, gb_ref = linreg_grads(pw, pb, x64, y64)
+        loss, n, gw, gb = step(x, y)
+        _close(loss, np.mean((x64 @ pw + pb - y64) ** 2), f"loss at step {t}")
+        _close(gw, gw_ref, f"grad w at step {t}")
+        _close(gb, gb_ref, f"grad b at step {t}")
+        pw, mw = sgd_ref(pw, gw_ref, mw, 0.1, **kw)
+        pb, mb = sgd_ref(pb, gb_ref, mb, 0.1, **kw)
+        assert n == t and opt.iterations.numpy() == t
+        _close(w.numpy(), pw, f"w after step {t}")
+        _close(b.numpy(), pb, f"b after step {t}")
+        if kw.get("momentum"):
+            _close(opt.slot(w, "momentum").numpy(), mw, f"momentum(w) after step {t}")
+            _close(opt.slot(b, "momentum").numpy(), mb, f"momentum(b) after step {t}")
+    assert w.dtype == np.float32 and b.dtype == np.float32
+    assert step.trace_count == 1
+    if not kw.get("momentum"):
+        assert opt.slots() == {}, "plain SGD needs no slots"
+
+
+def test_sgd_without_momentum_differs_from_nesterov():
+    # guards the reference itself: the cases above must really exercise different formulas
+    p, g, m = np.ones(2), np.full(2, 0.5), np.full(2, 0.2)
+    a = sgd_ref(p, g, m, 0.1, momentum=0.9)[0]
+    b = sgd_ref(p, g, m, 0.1, momentum=0.9, nesterov=True)[0]
+    assert not np.allclose(a, b)
+
+
+# ---------------------------------------------------------------- Adam / AdamW
+
+ADAM_CASES = {
+    "adam_default": ("Adam", {}),
+    "adam_betas_big_eps": ("Adam", {"beta_1": 0.8, "beta_2": 0.95, "epsilon": 0.05}),
+    "adamw": ("AdamW", {"weight_decay": 0.2}),
+    "adamw_betas": ("AdamW", {"beta_1": 0.5, "beta_2": 0.9, "epsilon": 1e-3,
+                              "weight_decay": 0.05}),
+}
+
+
+def _ref_kwargs(kw):
+    return {"b1": kw.get("beta_1", 0.9), "b2": kw.get("beta_2", 0.999),
+            "eps": kw.get("epsilon", 1e-7), "weight_decay": kw.get("weight_decay", 0.0)}
+
+
+@pytest.mark.parametrize("case", list(ADAM_CASES))
+def test_adam_matches_reference(case, fused):
+    cls, kw = ADAM_CASES[case]
+    lr = 0.05
+    x, y, w0, b0 = _data(seed=1)
+    w, b = gd.Variable(w0, name="w"), gd.Variable(b0, name="b")
+    opt = getattr(gd.optimizers, cls)(learning_rate=lr, **kw)
+    if cls == "AdamW" and "weight_decay" not in kw:
+        kw = dict(kw, weight_decay=0.004)
+    step = _linreg_step(opt, w, b)
+    ref = _ref_kwargs(kw)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    state = {"w": [w0.astype(np.float64), 0.0, 0.0], "b": [b0.astype(np.float64), 0.0, 0.0]}
+    for t in range(1, STEPS + 1):
+        gw_ref, gb_ref = linreg_grads(state["w"][0], state["b"][0], x64, y64)
+        _, n, gw, gb = step(x, y)
+        _close(gw, gw_ref, f"grad w at step {t}")
+        for key, g in (("w", gw_ref), ("b", gb_ref)):
+            state[key] = list(adam_ref(*state[key][:1], g, *state[key][1:], t, lr, **ref))
+        assert n == t and opt.iterations.numpy() == t
+        for key, var in (("w", w), ("b", b)):
+            p, m, v = state[key]
+            _close(var.numpy(), p, f"{key} after step {t}")
+            _close(opt.slot(var, "m").numpy(), m, f"m({key}) after step {t}")
+            _close(opt.slot(var, "v").numpy(), v, f"v({key}) after step {t}", atol=1e-9)
+    assert sorted(opt.slots()) == ["b/m", "b/v", "w/m", "w/v"]
+
+
+def test_adamw_default_weight_decay_and_is_decoupled():
+    # one step on a zero gradient: Adam leaves p alone, AdamW shrinks it by lr * wd exactly
+    p0 = np.array([1.0, -2.0, 4.0], np.float32)
+    for cls, expected in ((gd.optimizers.Adam, p0), (gd.optimizers.AdamW, p0 * (1 - 0.1 * 0.004))):
+        v = gd.Variable(p0)
+        cls(learning_rate=0.1).apply_gradients([(np.zeros(3, np.float32), v)])
+        _close(v.numpy(), expected, cls.__name__, rtol=1e-6, atol=0)
+
+
+# ---------------------------------------------------------------- iterations, None, eager
+
+
+def test_iterations_variable_and_return_value():
+    opt = gd.optimizers.SGD(learning_rate=0.1)
+    assert opt.iterations.dtype == np.int64 and opt.iterations.numpy() == 0
+    assert not opt.iterations.trainable
+    w = gd.Variable(np.ones(2, np.float32))
+
+    @gd.function
+    def step(g):
+        return opt.apply_gradients([(g, w)])
+
+    returned = [step(np.ones(2, np.float32)) for _ in range(3)]
+    assert [int(r) for r in returned] == [1, 2, 3]
+    assert np.asarray(returned[-1]).dtype == np.int64
+    assert int(opt.apply_gradients([(np.ones(2, np.float32), w)])) == 4   # eager continues
+    assert opt.iterations.numpy() == 4
+    _close(w.numpy(), 1 - 4 * 0.1 * np.ones(2), "w")
+
+
+@pytest.mark.parametrize("make", [lambda: gd.optimizers.SGD(0.1, momentum=0.9),
+                                  lambda: gd.optimizers.Adam(0.1)], ids=["sgd", "adam"])
+def test_none_gradients_skipped(make, fused):
+    opt = make()
+    w = gd.Variable(np.ones((2, 2), np.float32), name="w")
+    b = gd.Variable(np.full(2, 3.0, np.float32), name="b")
+
+    @gd.function
+    def step(x):
+        with gd.GradientTape() as tape:
+            loss = gd.reduce_sum(w * x)
+        gw, gb = tape.gradient(loss, [w, b])
+        assert gb is None
+        return opt.apply_gradients([(gw, w), (gb, b)])
+
+    assert step(np.ones((2, 2), np.float32)) == 1
+    assert not np.allclose(w.numpy(), 1.0)
+    np.testing.assert_array_equal(b.numpy(), np.full(2, 3.0, np.float32))
+    assert all(not k.startswith("b/") for k in opt.slots()), opt.slots()
+    # eager, with numpy gradients
+    assert opt.apply_gradients([(None, w), (np.ones(2, np.float32), b)]) == 2
+    assert not np.allclose(b.numpy(), 3.0)
+    assert any(k.startswith("b/") for k in opt.slots())
+
+
+@pytest.mark.parametrize("cls", ["SGD", "Adam", "AdamW"])
+def test_eager_apply_gradients_matches_reference(cls, fused):
+    rng = np.random.default_rng(3)
+    p0 = rng.normal(size=(4, 3)).astype(np.float32)
+    v = gd.Variable(p0, name="p")
+    kw = {"SGD": {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+          "Adam": {"beta_1": 0.7}, "AdamW": {"weight_decay": 0.1}}[cls]
+    opt = getattr(gd.optimizers, cls)(learning_rate=0.05, **kw)
+    p, m, s = p0.astype(np.float64), np.zeros((4, 3)), np.zeros((4, 3))
+    for t in range(1, STEPS + 1):
+        g = rng.normal(size=(4, 3)).astype(np.float32)
+        assert opt.apply_gradients([(g, v)]) == t
+        if cls == "SGD":
+            p, m = sgd_ref(p, g.astype(np.float64), m, 0.05, **kw)
+        else:
+            p, m, s = adam_ref(p, g.astype(np.float64), m, s, t, 0.05,
+                               **_ref_kwargs(dict(kw, weight_decay=kw.get("weight_decay", 0.0))))
+        _close(v.numpy(), p, f"p after eager step {t}")
+    assert opt.iterations.numpy() == STEPS
+
+
+@pytest.mark.parametrize("cls", ["SGD", "Adam", "AdamW"])
+def test_float64_variables(cls, fused):
+    x, y, w0, b0 = (a.astype(np.float64) for a in _data(seed=4))
+    w, b = gd.Variable(w0), gd.Variable(b0)
+    kw = {"SGD": {"momentum": 0.5, "weight_decay": 0.01}, "Adam": {},
+          "AdamW": {"weight_decay": 0.1}}[cls]
+    opt = getattr(gd.optimizers, cls)(learning_rate=0.05, **kw)
+    step = _linreg_step(opt, w, b)
+    pw, pb = w0.copy(), b0.copy()
+    sw = [np.zeros_like(pw), np.zeros_like(pw)]
+    sb = [np.zeros_like(pb), np.zeros_like(pb)]
+    for t in range(1, STEPS + 1):
+        gw, gb = linreg_grads(pw, pb, x, y)
+        step(x, y)
+        if cls == "SGD":
+            pw, sw[0] = sgd_ref(pw, gw, sw[0], 0.05, **kw)
+            pb, sb[0] = sgd_ref(pb, gb, sb[0], 0.05, **kw)
+        else:
+            ref = _ref_kwargs(kw)
+            pw, *sw = adam_ref(pw, gw, *sw, t, 0.05, **ref)
+            pb, *sb = adam_ref(pb, gb, *sb, t, 0.05, **ref)
+        assert w.dtype == np.float64 and w.numpy().dtype == np.float64
+        _close(w.numpy(), pw, f"w after step {t}", rtol=1e-12, atol=1e-14)
+        _close(b.numpy(), pb, f"b after step {t}", rtol=1e-12, atol=1e-14)
+    for s in opt.slots().values():
+        assert s.dtype == np.float64
+
+
+def test_several_variables_of_different_shapes_and_dtypes(fused):
+    rng = np.random.default_rng(5)
+    inits = [np.float32(0.5), rng.normal(size=4).astype(np.float32),
+             rng.normal(size=(2, 3, 2)).astype(np.float32), rng.normal(size=(3, 1))]
+    variables = [gd.Variable(a, name=f"v{i}") for i, a in enumerate(inits)]
+    opt = gd.optimizers.Adam(learning_rate=0.1, beta_1=0.6)
+
+    @gd.function
+    def step(grads):
+        return opt.apply_gradients(zip(grads, variables))
+
+    refs = [[np.asarray(a, np.float64), 0.0, 0.0] for a in inits]
+    for t in range(1, 4):
+        grads = [rng.normal(size=np.shape(a)).astype(np.asarray(a).dtype) for a in inits]
+        assert step(grads) == t
+        for i, (r, g) in enumerate(zip(refs, grads)):
+            refs[i] = list(adam_ref(r[0], g.astype(np.float64), r[1], r[2], t, 0.1, b1=0.6))
+            tol = {"rtol": 1e-12, "atol": 1e-14} if g.dtype == np.float64 else {}
+            _close(variables[i].numpy(), refs[i][0], f"v{i} after step {t}", **tol)
+            assert variables[i].shape == np.shape(inits[i])
+            assert opt.slot(variables[i], "v").shape == np.shape(inits[i])
+
+
+def test_gradient_reduction_sum_on_one_device_is_plain_update():
+    w = gd.Variable(np.ones(3, np.float32))
+    gd.optimizers.SGD(0.5, gradient_reduction="sum").apply_gradients([(np.ones(3, np.float32), w)])
+    _close(w.numpy(), np.full(3, 0.5), "w")
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("make", [
+    lambda: gd.optimizers.SGD(learning_rate=-0.1),
+    lambda: gd.optimizers.SGD(learning_rate=float("nan")),
+    lambda: gd.optimizers.SGD(0.1, momentum=-0.5),
+    lambda: gd.optimizers.SGD(0.1, weight_decay=-1.0),
+    lambda: gd.optimizers.SGD(0.1, nesterov=True),
+    lambda: gd.optimizers.SGD(0.1, gradient_reduction="max"),
+    lambda: gd.optimizers.Adam(learning_rate=-1e-3),
+    lambda: gd.optimizers.Adam(beta_1=1.0),
+    lambda: gd.optimizers.Adam(beta_2=1.5),
+    lambda: gd.optimizers.Adam(beta_1=-0.1),
+    lambda: gd.optimizers.Adam(epsilon=-1e-7),
+    lambda: gd.optimizers.Adam(gradient_reduction="MEAN"),
+    lambda: gd.optimizers.AdamW(learning_rate=-1.0),
+    lambda: gd.optimizers.AdamW(beta_2=1.0),
+    lambda: gd.optimizers.AdamW(weight_decay=-0.1),
+    lambda: gd.optimizers.AdamW(gradient_reduction=None),
+], ids=["sgd_neg_lr", "sgd_nan_lr", "sgd_neg_momentum", "sgd_neg_wd", "sgd_nesterov_no_m",
+        "sgd_reduction", "adam_neg_lr", "adam_b1_1", "adam_b2_gt1", "adam_neg_b1", "adam_neg_eps",
+        "adam_reduction", "adamw_neg_lr", "adamw_b2_1", "adamw_neg_wd", "adamw_reduction"])
+def test_bad_constructor_args(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+@pytest.mark.parametrize("cls", ["SGD", "Adam"])
+@pytest.mark.parametrize("mode", ["eager", "traced"])
+def test_gradient_shape_mismatch_changes_nothing(cls, mode):
+    opt = getattr(gd.optimizers, cls)(learning_rate=0.1)
+    w = gd.Variable(np.ones((2, 3), np.float32), name="weights")
+    b = gd.Variable(np.ones(3, np.float32), name="bias_var")
+    good, bad = np.ones((2, 3), np.float32), np.ones(4, np.float32)
+    grads_and_vars = [(good, w), (bad, b)]
+    if mode == "eager":
+        apply = opt.apply_gradients
+    else:
+        apply = gd.function(lambda gv: opt.apply_gradients(gv))
+    with pytest.raises(ValueError, match="bias_var") as info:
+        apply(grads_and_vars)
+    assert "(4,)" in str(info.value) and "(3,)" in str(info.value)
+    np.testing.assert_array_equal(w.numpy(), np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(b.numpy(), np.ones(3, np.float32))
+    assert opt.iterations.numpy() == 0
+    for s in opt.slots().values():
+        assert not s.numpy().any()
+    # the optimizer still works afterwards
+    assert opt.apply_gradients([(good, w)]) == 1
+
+
+def test_apply_gradients_rejects_non_variable():
+    opt = gd.optimizers.SGD(0.1)
+    with pytest.raises(TypeError, match="Variable"):
+        opt.apply_gradients([(np.ones(2, np.float32), np.ones(2, np.float32))])
