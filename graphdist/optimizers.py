@@ -50,9 +50,12 @@ class Optimizer:
             if not isinstance(v, Variable):
                 raise TypeError(f"{self.name}.apply_gradients: expected gd.Variable, got "
                                 f"{type(v).__name__}")
-            if tuple(g.shape) != v.shape:
-                raise ValueError(f"{self.name}.apply_gradients: gradient {tuple(g.shape)} does "
-                                 f"not match variable '{v.name}' {v.shape}")
+            if tuple(np.shape(g)) != v.shape:    # np.shape: numbers and lists too
+                raise ValueError(f"{self.name}.apply_gradients: gradient {tuple(np.shape(g))} "
+                                 f"does not match variable '{v.name}' {v.shape}")
+            if current_tracer() is not None and np.dtype(getattr(g, "dtype", v.dtype)) != v.dtype:
+                raise TypeError(f"{self.name}.apply_gradients: gradient is {g.dtype}, variable "
+                                f"'{v.name}' is {v.dtype}; use gd.cast")
         if current_tracer() is None:
             return self._apply_eagerly(pairs)
         ctx = get_replica_context()

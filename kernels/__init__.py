@@ -1,4 +1,4 @@
-"""Fused update kernels: numpy specs, Numba CPU twins and CUDA kernels (installed as graphdist.kernels).
+"""Fused update kernels, installed as graphdist.kernels: numpy specs, Numba CPU twins, CUDA.
 
 sgd (SGD, momentum, Nesterov), adam (Adam, AdamW), reduce (all-reduce sum/mean, scale/cast);
 common holds the flat views, tensor lists and launch grids they share. Imports numpy and numba

@@ -171,7 +171,7 @@ def adamw_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight
     adam_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _adam_kernel(p, g, m, v, lr_t, b1, c1, b2, c2, eps, wd):  # p, g, m, v: (n,)
     i = cuda.grid(1)
     if i < p.shape[0]:

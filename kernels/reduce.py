@@ -81,7 +81,7 @@ def all_reduce_cpu(bufs: Sequence[np.ndarray], op: str = "sum", out: np.ndarray 
     return bufs[0] if out is None else out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _all_reduce_kernel(bufs, out, count, mean, broadcast):  # bufs: tuple of (n,); out: (n,)
     i = cuda.grid(1)
     if i < out.shape[0]:
@@ -147,7 +147,7 @@ def scale_cpu(x: np.ndarray, a: float, out: np.ndarray) -> np.ndarray:
     return out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scale_kernel(x, a, out):  # x, out: (n,)
     i = cuda.grid(1)
     if i < out.shape[0]:

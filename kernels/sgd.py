@@ -128,7 +128,7 @@ def sgd_multi_cpu(
     _sgd_multi(ps, gs, ms, *scalars, bool(nesterov))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _sgd_kernel(p, g, m, lr, momentum, weight_decay, nesterov):  # p, g, m: (n,)
     i = cuda.grid(1)
     if i < p.shape[0]:

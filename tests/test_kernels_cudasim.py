@@ -22,16 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_cuda_kernels_under_the_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-rs",
-        "tests/gpu/test_kernels_gpu.py",
-    ]
+    args = "-q -p no:cacheprovider -rs -m gpu tests/gpu/test_kernels_gpu.py".split()
+    cmd = [sys.executable, "-m", "pytest", *args]
     proc = subprocess.run(
         cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )

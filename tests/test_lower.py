@@ -148,3 +148,22 @@ def test_runtime_error_names_node_device_and_source_and_keeps_variables(failing_
     assert "boom" in message and "test_fails_at_run_time" in message
     assert "cpu:0" in message and "test_lower.py" in message
     np.testing.assert_array_equal(w.numpy(), np.ones(3))   # the failed step changed nothing
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_long_programs_split_into_chunks_compute_the_same(name, monkeypatch):
+    import graphdist.runtime.lower as lower_module
+
+    monkeypatch.setattr(lower_module, "CHUNK_LINES", 3)
+    fn = PROGRAMS[name]
+    rng = _rng(2)
+    x = rng.standard_normal(N).astype(np.float32)
+    y = rng.standard_normal(N).astype(np.float32)
+    compiled = gd.function(gd.value_and_grad(lambda x, y: gd.reduce_sum(fn(x, y))))
+    value, grad = compiled(x, y)
+    assert "def chunk1(" in compiled.program_source()
+    monkeypatch.setattr(lower_module, "CHUNK_LINES", 10**6)
+    ref_value, ref_grad = gd.function(gd.value_and_grad(lambda x, y: gd.reduce_sum(fn(x, y))))(
+        x, y)
+    np.testing.assert_array_equal(value, ref_value)
+    np.testing.assert_array_equal(grad, ref_grad)

@@ -360,3 +360,75 @@ def test_apply_gradients_rejects_non_variable():
     opt = gd.optimizers.SGD(0.1)
     with pytest.raises(TypeError, match="Variable"):
         opt.apply_gradients([(np.ones(2, np.float32), np.ones(2, np.float32))])
+
+
+# ---------------------------------------------------------------- buffers and aliasing
+
+
+@pytest.mark.parametrize("cls, kw", [("SGD", {"momentum": 0.9, "nesterov": True}),
+                                     ("AdamW", {"weight_decay": 0.1})], ids=["sgd", "adamw"])
+def test_large_model_matches_reference(cls, kw, fused):
+    # 64x80 float32 = 20 KiB per array: gradients and updates go through arena buffers,
+    # and results may be computed straight into the variables' storage
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(16, 64)).astype(np.float32)
+    y = rng.normal(size=(16, 80)).astype(np.float32)
+    w0 = (rng.normal(size=(64, 80)) * 0.1).astype(np.float32)
+    b0 = np.zeros(80, np.float32)
+    w, b = gd.Variable(w0), gd.Variable(b0)
+    opt = getattr(gd.optimizers, cls)(learning_rate=0.01, **kw)
+    step = _linreg_step(opt, w, b)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    ref = {"w": [w0.astype(np.float64), 0.0, 0.0], "b": [b0.astype(np.float64), 0.0, 0.0]}
+    for t in range(1, 4):
+        gw, gb = linreg_grads(ref["w"][0], ref["b"][0], x64, y64)
+        step(x, y)
+        for key, g in (("w", gw), ("b", gb)):
+            p, m, v = ref[key]
+            if cls == "SGD":
+                p, m = sgd_ref(p, g, m, 0.01, **kw)
+            else:
+                p, m, v = adam_ref(p, g, m, v, t, 0.01, **_ref_kwargs(kw))
+            ref[key] = [p, m, v]
+        _close(w.numpy(), ref["w"][0], f"w after step {t}")
+        _close(b.numpy(), ref["b"][0], f"b after step {t}")
+
+
+@pytest.mark.parametrize("n", [3, 5000])
+@pytest.mark.parametrize("cls", ["SGD", "Adam"])
+def test_reads_around_apply_gradients(n, cls, fused):
+    w0 = np.linspace(-1, 1, n).astype(np.float32)
+    w = gd.Variable(w0)
+    opt = getattr(gd.optimizers, cls)(0.1, **({"momentum": 0.9} if cls == "SGD" else {}))
+
+    @gd.function
+    def step(g):
+        before = w.read_value()
+        opt.apply_gradients([(g, w)])
+        return before * 1, w * 1, before - w
+
+    before, after, diff = step(np.ones(n, np.float32))
+    np.testing.assert_array_equal(before, w0)
+    np.testing.assert_array_equal(after, w.numpy())
+    _close(diff, w0.astype(np.float64) - w.numpy(), "before - after")
+    first_step = 0.1 if cls == "SGD" else 0.1 * np.sqrt(1e-3) / (np.sqrt(1e-3) + 1e-7)
+    _close(w.numpy(), w0 - first_step, "w")
+
+
+@pytest.mark.parametrize("cls", ["SGD", "Adam", "AdamW"])
+def test_gradient_aliasing_the_variable(cls, fused):
+    # the gradient is the variable's own read: an in-place update must not clobber it
+    w0 = np.linspace(-1, 1, 5000).astype(np.float32)
+    kw = {"SGD": {"momentum": 0.5, "weight_decay": 0.5}, "Adam": {},
+          "AdamW": {"weight_decay": 0.5}}[cls]
+    w = gd.Variable(w0)
+    opt = getattr(gd.optimizers, cls)(0.1, **kw)
+    step = gd.function(lambda: opt.apply_gradients([(w.read_value(), w)]))
+    p, m, v = w0.astype(np.float64), np.zeros(5000), np.zeros(5000)
+    for t in (1, 2):
+        step()
+        if cls == "SGD":
+            p, m = sgd_ref(p, p, m, 0.1, **kw)
+        else:
+            p, m, v = adam_ref(p, p, m, v, t, 0.1, **_ref_kwargs(kw))
+        _close(w.numpy(), p, f"w after step {t}")

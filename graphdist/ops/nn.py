@@ -33,9 +33,9 @@ def softmax(logits, axis=-1):
 
 def softmax_cross_entropy(labels, logits):
     """Per-example cross entropy with one-hot or probability `labels` (same shape as logits)."""
-    if tuple(np.shape(labels) if not hasattr(labels, "shape") else labels.shape) != tuple(
-            logits.shape):
-        raise ShapeError(f"softmax_cross_entropy: labels {tuple(labels.shape)} and logits "
+    label_shape = tuple(getattr(labels, "shape", np.shape(labels)))
+    if label_shape != tuple(logits.shape):
+        raise ShapeError(f"softmax_cross_entropy: labels {label_shape} and logits "
                          f"{tuple(logits.shape)} must have the same shape")
     return negative(reduce_sum(multiply(labels, log_softmax(logits)), axis=-1))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import sys
 import threading
 import traceback
@@ -30,6 +31,7 @@ class Program:
     """A compiled one-device graph: call it with the argument arrays, get the results."""
 
     def __init__(self, graph: Graph, fn, source: str, line_eqns: dict, device: str):
+        # line_eqns: (filename, lineno) of generated code -> the eqn it runs
         self.graph = graph
         self.fn = fn
         self.source = source
@@ -48,8 +50,7 @@ class Program:
 def _annotated(e: Exception, program: Program) -> Exception:
     eqn = None
     for frame, lineno in traceback.walk_tb(e.__traceback__):
-        if frame.f_code.co_filename == program.fn.__code__.co_filename:
-            eqn = program.line_eqns.get(lineno)
+        eqn = program.line_eqns.get((frame.f_code.co_filename, lineno), eqn)
     if eqn is None:
         return e
     where = f"while executing  {eqn_text(eqn)}  on {program.device}"
@@ -78,7 +79,7 @@ class _Lowering:
         self.arena_of: dict = {}          # root Var -> arena buffer name
         self.pool: dict = {}              # (shape, dtype) -> free arena buffer names
         self.lines: list[str] = []
-        self.line_eqns: dict = {}
+        self.line_eqn: list = []          # the eqn each line runs (None for glue)
         self.counter = itertools.count()
         self.fresh_names: dict = {}       # root Var -> names of fresh arrays viewing it
 
@@ -95,8 +96,7 @@ class _Lowering:
 
     def emit(self, line: str, eqn=None) -> None:
         self.lines.append("    " + line)
-        if eqn is not None:
-            self.line_eqns[len(self.lines) + 1] = eqn   # +1: the def line
+        self.line_eqn.append(eqn)
 
     # ------------------------------------------------------------ buffers
     def root(self, v):
@@ -245,13 +245,69 @@ class _Lowering:
                       f"{dst}[...] = {snap.get(src, src)}")
 
     def finish(self, arg_names) -> Program:
-        filename = f"<graphdist program {next(_program_ids)}>"
-        source = f"def program({', '.join(arg_names)}):\n" + "\n".join(self.lines or ["    pass"])
-        code = compile(source, filename, "exec")
-        exec(code, self.env)
+        """Compile the lines; long programs become a chain of functions of CHUNK_LINES lines
+        each, because CPython compiles one huge function in superlinear time."""
+        program_id = next(_program_ids)
+        lines, eqns = self.lines or ["    pass"], self.line_eqn or [None]
+        if len(lines) <= CHUNK_LINES:
+            chunks = [(arg_names, lines, eqns, None)]
+        else:
+            chunks = _split(arg_names, lines, eqns)
+        sources, line_eqns, calls = [], {}, []
+        for k, (params, body, body_eqns, returns) in enumerate(chunks):
+            name = "program" if returns is None and k == 0 else f"chunk{k}"
+            filename = f"<graphdist program {program_id}{'' if name == 'program' else ' ' + name}>"
+            tail = [f"    return ({', '.join(returns)}{',' if len(returns) == 1 else ''})"] \
+                if returns is not None else []
+            source = f"def {name}({', '.join(params)}):\n" + "\n".join(body + tail)
+            exec(compile(source, filename, "exec"), self.env)
+            sources.append(source)
+            line_eqns.update({(filename, i + 2): e for i, e in enumerate(body_eqns) if e})
+            if returns is not None:
+                target = f"{', '.join(returns)}{',' if len(returns) == 1 else ''} = " \
+                    if returns else ""
+                calls.append(f"    {target}{name}({', '.join(params)})")
+            else:
+                calls.append(f"    return {name}({', '.join(params)})")
+        if len(chunks) > 1:
+            source = f"def program({', '.join(arg_names)}):\n" + "\n".join(calls)
+            exec(compile(source, f"<graphdist program {program_id}>", "exec"), self.env)
+            sources.insert(0, source)
         fn = self.env["program"]
-        return Program(self.g, fn, source, self.line_eqns, self.g.devices[0] if self.g.devices
-                       else "cpu:0")
+        return Program(self.g, fn, "\n\n".join(sources), line_eqns,
+                       self.g.devices[0] if self.g.devices else "cpu:0")
+
+
+CHUNK_LINES = 1000
+_LOCAL = re.compile(r"\b[av]\d+\b")
+
+
+def _split(arg_names, lines, eqns) -> list:
+    """Cut the body into chunks; each takes the locals it (or a later chunk) reads that were
+    made before it and returns those made up to it that later chunks read."""
+    pieces = [(lines[i:i + CHUNK_LINES], eqns[i:i + CHUNK_LINES])
+              for i in range(0, len(lines), CHUNK_LINES)]
+    reads_after = [set() for _ in pieces]            # locals read in chunk k or later
+    later: set = set()
+    for k in range(len(pieces) - 1, -1, -1):
+        later |= {n for line in pieces[k][0] for n in _LOCAL.findall(line)}
+        reads_after[k] = set(later)
+    chunks, made = [], list(arg_names)
+    for k, (body, body_eqns) in enumerate(pieces):
+        params = [n for n in made if n in reads_after[k]]
+        written = [m for line in body for m in _LOCAL.findall(line.split(" = ")[0])
+                   if " = " in line]
+        made = params + [n for n in written if n not in params]
+        last = k == len(pieces) - 1
+        returns = None if last else [n for n in made if k + 1 < len(pieces)
+                                     and n in reads_after[k + 1]]
+        chunks.append((params, body, body_eqns, returns))
+        if not last:
+            made = returns
+    # the last chunk ends with the program's own return statement
+    params, body, body_eqns, _ = chunks[-1]
+    chunks[-1] = (params, body, body_eqns, None)
+    return chunks
 
 
 def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None) -> Program:
