@@ -160,7 +160,8 @@ def test_variable_used_twice_accumulates():
     @gd.function
     def f(x):
         with gd.GradientTape() as tape:
-            loss = gd.reduce_sum(w * x) + gd.reduce_sum(gd.square(w)) + gd.reduce_sum(w.read_value())
+            loss = (gd.reduce_sum(w * x) + gd.reduce_sum(gd.square(w))
+                    + gd.reduce_sum(w.read_value()))
         return tape.gradient(loss, w)
 
     x = np.array([3.0, 4.0, 5.0])
@@ -213,6 +214,53 @@ def test_ops_before_the_tape_are_not_recorded():
     np.testing.assert_allclose(f(), 1.0)
 
 
+def test_second_order_with_nested_tapes():
+    @gd.function
+    def f(x):
+        with gd.GradientTape() as outer:
+            outer.watch(x)
+            with gd.GradientTape() as inner:
+                inner.watch(x)
+                y = x * x * x
+            dy = inner.gradient(y, x)
+        return dy, outer.gradient(dy, x)
+
+    dy, d2y = f(np.array([2.0, -1.0]))
+    np.testing.assert_allclose(dy, 3 * np.array([4.0, 1.0]))
+    np.testing.assert_allclose(d2y, 6 * np.array([2.0, -1.0]))
+
+
+def test_stop_gradient_and_integer_variable():
+    w = gd.Variable(np.array([1.0, 2.0]))
+    k = gd.Variable(np.array([3, 4], np.int32))
+
+    @gd.function
+    def f():
+        with gd.GradientTape() as tape:
+            loss = gd.reduce_sum(gd.stop_gradient(w) * w * gd.cast(k, "float64"))
+        return tape.gradient(loss, [w, k])
+
+    gw, gk = f()
+    np.testing.assert_allclose(gw, np.array([1.0, 2.0]) * [3.0, 4.0])
+    assert gk is None
+
+
+def test_indexing_concat_and_max_gradients():
+    v = gd.Variable(np.arange(6.0).reshape(2, 3))
+
+    @gd.function
+    def f():
+        with gd.GradientTape() as tape:
+            y = (gd.reduce_sum(v[0] * v[1, :]) + gd.reduce_max(v)
+                 + gd.reduce_sum(gd.concat([v, v], axis=0) ** 2))
+        return tape.gradient(y, v)
+
+    a = np.arange(6.0).reshape(2, 3)
+    expected = 4 * a + np.stack([a[1], a[0]])
+    expected[1, 2] += 1.0
+    np.testing.assert_allclose(f(), expected)
+
+
 def test_gradient_in_float32_has_float32_dtype():
     w = gd.Variable(np.array([1.0, 2.0], np.float32))
 
@@ -228,9 +276,8 @@ def test_gradient_in_float32_has_float32_dtype():
 
 
 def test_tape_outside_trace_raises_helpful_trace_error():
-    with pytest.raises(gd.TraceError, match="gd.function") as info:
-        with gd.GradientTape():
-            pass
+    with pytest.raises(gd.TraceError, match="gd.function") as info, gd.GradientTape():
+        pass
     assert "value_and_grad" in str(info.value)
 
 
@@ -281,7 +328,8 @@ def test_value_and_grad_eager_argnums_tuple():
     assert isinstance(grads, tuple) and len(grads) == 2
     np.testing.assert_allclose(grads[0], 2 * a * b)
     np.testing.assert_allclose(grads[1], a * a)
-    _, rev = gd.value_and_grad(lambda a, b, c: gd.reduce_sum(a * a * b + c), argnums=(2, 0))(a, b, c)
+    rev_vg = gd.value_and_grad(lambda a, b, c: gd.reduce_sum(a * a * b + c), argnums=(2, 0))
+    _, rev = rev_vg(a, b, c)
     np.testing.assert_allclose(rev[0], [1.0, 1.0])
     np.testing.assert_allclose(rev[1], 2 * a * b)
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_cuda_kernels_under_the_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    args = "-q -p no:cacheprovider -rs -m gpu tests/gpu/test_kernels_gpu.py".split()
+    args = ["-q", "-p", "no:cacheprovider", "-rs", "-m", "gpu", "tests/gpu/test_kernels_gpu.py"]
     cmd = [sys.executable, "-m", "pytest", *args]
     proc = subprocess.run(
         cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300

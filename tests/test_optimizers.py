@@ -160,6 +160,7 @@ def test_adam_matches_reference(case, fused):
         gw_ref, gb_ref = linreg_grads(state["w"][0], state["b"][0], x64, y64)
         _, n, gw, gb = step(x, y)
         _close(gw, gw_ref, f"grad w at step {t}")
+        _close(gb, gb_ref, f"grad b at step {t}")
         for key, g in (("w", gw_ref), ("b", gb_ref)):
             state[key] = list(adam_ref(*state[key][:1], g, *state[key][1:], t, lr, **ref))
         assert n == t and opt.iterations.numpy() == t
@@ -354,6 +355,22 @@ def test_gradient_shape_mismatch_changes_nothing(cls, mode):
         assert not s.numpy().any()
     # the optimizer still works afterwards
     assert opt.apply_gradients([(good, w)]) == 1
+
+
+def test_gradient_dtype_mismatch_in_trace_names_variable():
+    opt = gd.optimizers.Adam(0.1)
+    w = gd.Variable(np.ones(2, np.float32), name="w32")
+    step = gd.function(lambda g: opt.apply_gradients([(g, w)]))
+    with pytest.raises(TypeError, match="w32"):
+        step(np.ones(2, np.float64))
+    np.testing.assert_array_equal(w.numpy(), np.ones(2, np.float32))
+    assert opt.iterations.numpy() == 0
+
+
+def test_eager_python_number_gradient_for_scalar_variable():
+    v = gd.Variable(np.float32(1.0))
+    assert gd.optimizers.SGD(0.5).apply_gradients([(1.0, v)]) == 1
+    _close(v.numpy(), 0.5, "v")
 
 
 def test_apply_gradients_rejects_non_variable():

@@ -301,7 +301,7 @@ def test_failed_trace_changes_no_variable(n):
         opt.apply_gradients([(x, a)])
         b.assign(b + np.ones(n + 1, np.float32))   # shape error, after the other writes
 
-    with pytest.raises(ValueError, match=r"\(%d,\)|%d" % (n + 1, n + 1)):
+    with pytest.raises(ValueError, match=rf"f32\[{n + 1}\]"):
         step(np.ones(n, np.float32))
     np.testing.assert_array_equal(a.numpy(), a0)
     np.testing.assert_array_equal(b.numpy(), -a0)
