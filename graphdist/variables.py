@@ -178,4 +178,9 @@ class Variable(Operators, Symbolic):
         raise TypeError(f"the truth value of variable '{self._name}' is ambiguous")
 
     def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of scalar variable '{self._name}'")
         return self.shape[0]
+
+    def __iter__(self):   # as gd.Tensor: without it, iteration runs getitem out of bounds
+        return (self[i] for i in range(len(self)))

@@ -132,7 +132,7 @@ def _transpose(rng):
     x = _u(rng, 2, 3, 4)
     return [Case((x,), lambda x, p=p: gd.transpose(x, p), lambda x, p=p: np.transpose(x, p),
                  params={"perm": p})
-            for p in [None, (1, 0, 2), (2, 0, 1), (0, 1, 2)]]
+            for p in [None, (1, 0, 2), (2, 0, 1), (0, 1, 2), (-1, 0, 1), (0, -1, -2)]]
 
 
 def _broadcast_to(rng):
@@ -563,7 +563,7 @@ def test_power_gradient_at_zero_and_negative_base():
 def test_non_differentiable_ops_pass_no_gradient(name):
     fn = CASES[name](np.random.default_rng(0))[0].fn
     x = np.random.default_rng(0).standard_normal((3, 4))
-    value, g = gd.value_and_grad(lambda x: gd.reduce_sum(fn(x) * x))(x)
+    _, g = gd.value_and_grad(lambda x: gd.reduce_sum(fn(x) * x))(x)
     np.testing.assert_allclose(g, np.asarray(fn(x)), rtol=1e-12)   # only the direct x term
 
 
@@ -626,8 +626,8 @@ def test_every_op_is_in_the_sweep_or_classified():
     assert not missing, f"ops with no example in tests/test_ops.py CASES: {sorted(missing)}"
     stale = (covered | internal) - set(OPS)
     assert not stale, f"table names ops that are not registered: {sorted(stale)}"
-    for name in CASES:
-        assert CASES[name](np.random.default_rng(0)), f"{name} has no example"
+    for name, make in CASES.items():
+        assert make(np.random.default_rng(0)), f"{name} has no example"
 
 
 def test_every_differentiable_op_gets_a_finite_difference_check():
@@ -687,6 +687,8 @@ def test_mixing_float_dtypes_raises_type_error(call):
     lambda: gd.squeeze(_f64(2, 3), axis=5),
     lambda: gd.squeeze(_f64(2, 3), axis=0),
     lambda: gd.transpose(_f64(2, 3), (0, 0)),
+    lambda: gd.transpose(_f64(2, 3), (0, -2)),
+    lambda: gd.transpose(_f64(2, 3), (0, 2)),
 ])
 def test_bad_axis_raises(call):
     with pytest.raises(ValueError):

@@ -217,8 +217,6 @@ def test_read_before_assign_keeps_old_value_in_computations(n):
     np.testing.assert_array_equal(b.numpy(), 7 * a0)
 
 
-@pytest.mark.xfail(strict=True, reason="graphdist/runtime/lower.py: results that alias a "
-                   "variable's storage are copied in the return statement, after write_state")
 @pytest.mark.parametrize("n", SIZES)
 def test_returned_read_before_assign_keeps_old_value(n):
     a0 = np.arange(n, dtype=np.float32)
@@ -352,3 +350,19 @@ def test_variable_is_not_a_numpy_array_inside_trace():
 
     with pytest.raises(gd.TraceError, match="vv"):
         f()
+
+
+def test_len_and_iteration():
+    v = gd.Variable(np.arange(6.0).reshape(3, 2))
+    assert len(v) == 3
+    rows = list(v)
+    assert len(rows) == 3
+    np.testing.assert_array_equal(rows[2], [4.0, 5.0])
+    with pytest.raises(TypeError):
+        len(gd.Variable(1.0))
+
+    @gd.function
+    def f():
+        return [r * 2 for r in v]
+
+    np.testing.assert_array_equal(np.stack(f()), 2 * np.arange(6.0).reshape(3, 2))

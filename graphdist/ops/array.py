@@ -39,9 +39,10 @@ transpose_p = Op("transpose", view=True)
 def _perm(x: ArrayType, perm):
     if perm is None:
         return tuple(reversed(range(x.ndim)))
-    if sorted(perm) != list(range(x.ndim)):
+    axes = tuple(p + x.ndim if -x.ndim <= p < 0 else p for p in perm)   # numpy: -1 is last
+    if sorted(axes) != list(range(x.ndim)):
         raise ShapeError(f"transpose: perm {perm} is not a permutation of the axes of {x}")
-    return tuple(perm)
+    return axes
 
 
 @transpose_p.def_shape

@@ -16,35 +16,51 @@ from graphdist.ops.core import Op, bind, require_float
 
 REDUCE_OPS = ("sum", "mean")
 
-all_reduce_p = Op("all_reduce", collective=True)
+# In the logical graph a collective has one input and one output (this replica's); after
+# replication it stands for a moment as one eqn with one input and output per device.
+
+def _same_types(name: str, xs):
+    for x in xs[1:]:
+        if x != xs[0]:
+            raise ValueError(f"{name}: replicas disagree: {xs[0]} vs {x}")
+    return tuple(xs)
+
+
+all_reduce_p = Op("all_reduce", collective=True, num_outputs=None)
 
 
 @all_reduce_p.def_shape
-def _all_reduce_shape(x, *, op):
+def _all_reduce_shape(*xs, op):
     if op not in REDUCE_OPS:
         raise ValueError(f"all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
     if op == "mean":
-        require_float("all_reduce[op=mean]", x)
-    return x
+        require_float("all_reduce[op=mean]", xs[0])
+    return _same_types("all_reduce", xs)
 
 
-all_reduce_p.def_impl(lambda xp, x, *, op: x)
-all_reduce_p.def_vjp(lambda ct, x, *, op: (all_reduce(ct, op),))
-all_reduce_p.def_cost(lambda ins, outs, **_: (ins[0].size, 2 * ins[0].nbytes))
+all_reduce_p.def_impl(lambda xp, x, *, op: (x,))
+all_reduce_p.def_vjp(lambda cts, x, *, op: (all_reduce(cts[0], op),))
+all_reduce_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
+                                              2 * sum(t.nbytes for t in ins)))
 
-broadcast_p = Op("broadcast", collective=True)   # the source replica's value, everywhere
-broadcast_p.def_shape(lambda x, *, source: x)
-broadcast_p.def_impl(lambda xp, x, *, source: x)
-broadcast_p.def_vjp(lambda ct, x, *, source: (all_reduce(ct, "sum"),))
-broadcast_p.def_cost(lambda ins, outs, **_: (0, ins[0].nbytes))
+broadcast_p = Op("broadcast", collective=True, num_outputs=None)  # source replica's value
+broadcast_p.def_shape(lambda *xs, source: _same_types("broadcast", xs))
+broadcast_p.def_impl(lambda xp, x, *, source: (x,))
+broadcast_p.def_vjp(lambda cts, x, *, source: (all_reduce(cts[0], "sum"),))
+broadcast_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in ins)))
+
+copy_p = Op("copy_to", collective=True)  # the one cross-device edge: runs on `device`
+copy_p.def_shape(lambda x, *, device: x)
+copy_p.def_impl(lambda xp, x, *, device: xp.array(x, copy=True))
+copy_p.def_vjp(lambda ct, x, *, device: (ct,))
 
 
 def all_reduce(x, op: str = "sum"):
-    return bind(all_reduce_p, x, op=op)
+    return bind(all_reduce_p, x, op=op)[0]
 
 
 def broadcast(x, source: int = 0):
-    return bind(broadcast_p, x, source=int(source))
+    return bind(broadcast_p, x, source=int(source))[0]
 
 
 replica_id_p = Op("replica_id", differentiable=False)  # replication makes it a per-device constant

@@ -171,7 +171,7 @@ class _Lowering:
             fn = (self.glob("U", getattr(self.xp, op.ufunc)) if op.ufunc and not params
                   else self.glob("F", functools.partial(op.impl, self.xp, **params)))
             names = [f"v{next(self.counter)}" for _ in eqn.outputs]
-            target = names[0] if len(names) == 1 else ", ".join(names) + ("," if len(names) == 1 else "")
+            target = names[0] if op.num_outputs == 1 else ", ".join(names) + ","
             self.emit(f"{target} = {fn}({args})", eqn)
             self.name.update(zip(eqn.outputs, names))
             for v, n in zip(eqn.outputs, names):
@@ -222,9 +222,13 @@ class _Lowering:
         results = []
         for v in g.outputs[: g.num_results]:
             ref = self.ref(v)
-            owned = isinstance(v, Var) and self.root(v) in self.fresh_names
-            results.append(ref if owned else f"_np.array({ref})" if isinstance(v, Lit)
-                           else f"{ref}.copy()")
+            if isinstance(v, Lit):
+                results.append(f"_np.array({ref})")
+            elif self.root(v) in self.fresh_names:
+                results.append(ref)
+            else:   # arena, storage or an input: copy now, before state is written
+                results.append(f"v{next(self.counter)}")
+                self.emit(f"{results[-1]} = {ref}.copy()")
         self.write_state()
         self.emit(f"return ({', '.join(results)}{',' if len(results) == 1 else ''})")
         return self.finish(arg_names)
