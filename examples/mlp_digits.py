@@ -36,22 +36,22 @@ def forward(params, x):
 
 
 def make_train_step(strategy, params, optimizer):
-    """A compiled step: each replica computes its shard's loss and gradients, the optimizer
-    all-reduces the gradients, and the replicas' losses are summed to the global mean."""
+    """A compiled step: each replica computes its shard's mean loss and gradients, the
+    optimizer averages the gradients across replicas (its default gradient_reduction="mean"),
+    and the replicas' losses are averaged: with equal shards, exactly the one-device step."""
 
     @gd.function
     def train_step(batch):
         def replica_fn(x, y):
             with gd.GradientTape() as tape:
                 logits = forward(params, x)
-                per_example = gd.nn.sparse_softmax_cross_entropy(y, logits)
-                loss = gd.nn.compute_average_loss(per_example)
+                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, logits))
             grads = tape.gradient(loss, params)
             optimizer.apply_gradients(zip(grads, params))
             return loss
 
         per_replica = strategy.run(replica_fn, args=batch)
-        return strategy.reduce(gd.ReduceOp.SUM, per_replica, axis=None)
+        return strategy.reduce(gd.ReduceOp.MEAN, per_replica, axis=None)
 
     return train_step
 

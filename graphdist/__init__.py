@@ -8,7 +8,9 @@ from graphdist.autodiff import GradientTape, value_and_grad
 from graphdist.distribute.context import (get_replica_context, get_strategy, has_strategy,
                                           in_cross_replica_context)
 from graphdist.distribute.devices import devices
-from graphdist.distribute.strategy import OneDeviceStrategy, ReplicaContext
+from graphdist.distribute.cross_device_ops import (CrossDeviceOps, ReductionToOneDevice,
+                                                   choose_cross_device_ops)
+from graphdist.distribute.strategy import MirroredStrategy, OneDeviceStrategy, ReplicaContext
 from graphdist.distribute.values import (Mirrored, PerReplica, ReduceOp, ValueContext,
                                          VariableAggregation, VariableSynchronization)
 from graphdist.errors import CheckpointError, GraphError, ShapeError, TraceError, WorkerError

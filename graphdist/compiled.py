@@ -9,6 +9,7 @@ import numpy as np
 
 from graphdist import config
 from graphdist.ir import ArrayType, Graph, as_dtype
+from graphdist.distribute.values import PerReplica
 from graphdist.ops.core import Symbolic, current_tracer, is_python_scalar
 from graphdist.pytree import flatten, unflatten
 from graphdist.trace import Tensor, Tracer, tracing
@@ -48,23 +49,67 @@ def _spec_text(spec) -> str:
 
 
 class Compiled:
-    """One signature's trace: its logical graph, the placed graph and the program."""
+    """One signature's trace: the logical graph (replica 0's), the placed graph and the
+    executable, plus how call arguments feed it and how its results come back."""
 
-    def __init__(self, graph: Graph, out_tree, out_statics: list, executable):
+    def __init__(self, graph: Graph, out_tree, out_kinds: list, executable, feeds: list):
         self.graph = graph
         self.out_tree = out_tree
-        self.out_statics = out_statics     # output leaves: None where dynamic, else the value
+        self.out_kinds = out_kinds   # per output leaf: ("static", v) | ("mirrored",) | ("per_replica",)
         self.executable = executable
+        self.feeds = feeds           # per replica: indices of the call's leaves it takes
 
     @property
     def replicated_graph(self) -> Graph:
         return self.executable.graph
 
-    def __call__(self, arrays):
-        results = iter(self.executable(arrays))
-        leaves = [next(results) if s is None else s[0] for s in self.out_statics]
-        leaves = [r[()] if isinstance(r, np.ndarray) and r.ndim == 0 else r for r in leaves]
-        return unflatten(self.out_tree, leaves)
+    def __call__(self, leaves):
+        arrays = [leaves[i] for feed in self.feeds for i in feed]
+        results = self.executable(arrays)
+        per = len(results) // len(self.feeds)
+        out, k = [], 0
+        for kind in self.out_kinds:
+            if kind[0] == "static":
+                out.append(kind[1])
+                continue
+            if kind[0] == "per_replica":
+                out.append(PerReplica(tuple(_scalar(results[d * per + k])
+                                            for d in range(len(self.feeds)))))
+            else:
+                out.append(_scalar(results[k]))
+            k += 1
+        return unflatten(self.out_tree, out)
+
+
+def _scalar(r):
+    return r[()] if isinstance(r, np.ndarray) and r.ndim == 0 else r
+
+
+def _replica_count(tree_value) -> int | None:
+    counts = set()
+
+    def visit(x):
+        if isinstance(x, PerReplica):
+            counts.add(len(x.values))
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+
+    visit(tree_value)
+    if len(counts) > 1:
+        raise ValueError(f"PerReplica arguments disagree on the number of replicas: {counts}")
+    return counts.pop() if counts else None
+
+
+def _view(tree_value, r: int):
+    """What replica r's code sees: each PerReplica becomes a LocalValue of its r-th value."""
+    from graphdist.distribute.strategy import LocalValue, map_structure
+
+    return map_structure(lambda v: LocalValue((v.values[r],)) if isinstance(v, PerReplica)
+                         else v, tree_value)
 
 
 class Function:
@@ -96,20 +141,19 @@ class Function:
     def __call__(self, *args, **kwargs):
         if current_tracer() is not None:      # called from traced code: inline
             return self.fn(*args, **kwargs)
-        leaves, key, dynamic = self._signature(args, kwargs)
+        leaves, key = self._signature(args, kwargs)
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._compile(key, leaves, args, kwargs)
-        return compiled([leaves[i] for i in dynamic])
+        return compiled(leaves)
 
     # ------------------------------------------------------------ signature
     def _signature(self, args, kwargs):
         leaves, paths, tree = flatten((args, kwargs))
         specs = tuple(_leaf_spec(leaf, self._path_name(p)) for leaf, p in zip(leaves, paths))
-        dynamic = [i for i, s in enumerate(specs) if s[0] == "array"]
         leaves = [np.asarray(leaf) if specs[i][0] == "array" else leaf
                   for i, leaf in enumerate(leaves)]
-        return leaves, (tree, specs, config.fused_kernels()), dynamic
+        return leaves, (tree, specs, config.fused_kernels())
 
     def _path_name(self, path: str) -> str:
         # "[0][1][2]" -> "batch[2]" using the function's parameter names
@@ -147,43 +191,83 @@ class Function:
             if key in self._cache:
                 return self._cache[key]
             self._explain(key)
-            graph, out_tree, out_statics = self._trace(key, leaves, args, kwargs)
-            from graphdist.runtime.executable import compile_graph
-
-            compiled = Compiled(graph, out_tree, out_statics, compile_graph(graph))
+            compiled = self._build(key, leaves)
             self.trace_count += 1
             self._cache[key] = compiled
             self._last = key
             return compiled
 
-    def _trace(self, key, leaves, args, kwargs):
+    def _build(self, key, leaves) -> Compiled:
+        """Trace replica 0's view; if it ran a strategy with several replicas, trace the
+        other shard shapes too and replicate, else compile for one device."""
+        from graphdist.runtime.executable import compile_graph, compile_replicated
+
         tree, specs, _ = key
-        _, paths, _ = flatten((args, kwargs))
+        index_tree = unflatten(tree, list(range(len(leaves))))
+        n_args = _replica_count(index_tree)
+        view = _view(index_tree, 0) if n_args else index_tree
+        graph, out_tree, out_kinds, strategy = self._trace(view, leaves, specs)
+        if strategy is None:   # no strategy.run, but mirrored variables: their strategy
+            found = {v._strategy for v in graph.variables if len(v.devices) > 1}
+            strategy = found.pop() if len(found) == 1 else None
+        n = strategy.num_replicas_in_sync if strategy is not None else 1
+        if n_args and n_args != n:
+            raise ValueError(f"gd.function {self.__name__}: PerReplica arguments have {n_args} "
+                             f"values but the strategy runs {n} replicas")
+        if n == 1:
+            return Compiled(graph, out_tree, out_kinds, compile_graph(graph),
+                            [self._feed(view, specs)])
+        views = [_view(index_tree, r) for r in range(n)] if n_args else [index_tree] * n
+        by_shapes = {}
+        graphs = []
+        for r, v in enumerate(views):
+            feed = self._feed(v, specs)
+            shapes = tuple(specs[i] for i in feed)
+            if r == 0:
+                by_shapes[shapes] = graph
+            elif shapes not in by_shapes:      # an uneven shard: trace its shapes too
+                by_shapes[shapes] = self._trace(v, leaves, specs)[0]
+            graphs.append(by_shapes[shapes])
+        return Compiled(graph, out_tree, out_kinds, compile_replicated(graphs, strategy),
+                        [self._feed(v, specs) for v in views])
+
+    @staticmethod
+    def _feed(view, specs) -> list:
+        indices, _, _ = flatten(view)
+        return [i for i in indices if specs[i][0] == "array"]
+
+    def _trace(self, view, leaves, specs):
+        from graphdist.distribute.strategy import LocalValue
+
+        indices, paths, view_tree = flatten(view)
         tracer = Tracer()
         with tracing(tracer):
-            traced = [tracer.new_arg(ArrayType(s[1], s[2]), self._path_name(p))
-                      if s[0] == "array" else leaf for leaf, s, p in zip(leaves, specs, paths)]
-            t_args, t_kwargs = unflatten(tree, traced)
+            traced = [tracer.new_arg(ArrayType(specs[i][1], specs[i][2]), self._path_name(p))
+                      if specs[i][0] == "array" else leaves[i] for i, p in zip(indices, paths)]
+            t_args, t_kwargs = unflatten(view_tree, traced)
             out = self.fn(*t_args, **t_kwargs)
-            out_leaves, _, out_tree = flatten(out)
-            results, statics = [], []
+            out_leaves, _, out_tree = flatten(out, leaf_types=(LocalValue,))
+            results, kinds = [], []
             for leaf in out_leaves:
-                if isinstance(leaf, Symbolic):
+                if isinstance(leaf, LocalValue):
+                    results.append(tracer.lift(leaf.local))
+                    kinds.append(("per_replica",))
+                elif isinstance(leaf, Symbolic):
                     results.append(tracer.lift(leaf))
-                    statics.append(None)
+                    kinds.append(("mirrored",))
                 else:
-                    statics.append((leaf,))
+                    kinds.append(("static", leaf))
         from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code,
                                       run_passes)
 
         graph = run_passes(tracer.graph(results), [eliminate_dead_code,
                                                    eliminate_common_subexpressions,
                                                    eliminate_dead_code])
-        return graph, out_tree, statics
+        return graph, out_tree, kinds, tracer.strategy
 
     # ------------------------------------------------------------ inspection
     def _entry(self, args, kwargs) -> Compiled:
-        leaves, key, _ = self._signature(args, kwargs)
+        leaves, key = self._signature(args, kwargs)
         return self._cache.get(key) or self._compile(key, leaves, args, kwargs)
 
     def _latest(self) -> Compiled:

@@ -12,7 +12,7 @@ from graphdist.distribute.context import get_replica_context
 from graphdist.errors import TraceError
 from graphdist.ops import optim
 from graphdist.ops.array import cast
-from graphdist.ops.collectives import all_reduce
+from graphdist.distribute.buckets import bucketed_all_reduce
 from graphdist.ops.core import bind, current_tracer
 from graphdist.ops.math import divide, power, sqrt, subtract
 from graphdist.variables import Variable
@@ -37,7 +37,7 @@ class Optimizer:
         if key not in self._slots:
             self._slots[key] = Variable(np.zeros(var.shape, var.dtype), trainable=False,
                                         name=f"{var.name}/{self.name}/{name}",
-                                        _devices=var.devices)
+                                        _devices=var.devices, _strategy=var._strategy)
         return self._slots[key]
 
     def slots(self) -> dict:
@@ -60,10 +60,13 @@ class Optimizer:
             return self._apply_eagerly(pairs)
         ctx = get_replica_context()
         if ctx is not None and ctx.num_replicas_in_sync > 1:
-            pairs = [(all_reduce(g, self.gradient_reduction), v) for g, v in pairs]
+            bucket_bytes = getattr(ctx.strategy, "bucket_bytes", 25 * 2**20)
+            reduced = bucketed_all_reduce([g for g, _ in pairs], self.gradient_reduction,
+                                          bucket_bytes)
+            pairs = list(zip(reduced, (v for _, v in pairs)))
         step = self.iterations.read_value() + np.int64(1)
         self._apply(pairs, step)
-        self.iterations.assign(step)
+        self.iterations.assign_synced(step)
         return step
 
     def _apply_eagerly(self, pairs):
@@ -113,11 +116,11 @@ class SGD(Optimizer):
                 new_v, new_m = bind(optim.momentum_p, v, m, g, lr=self.learning_rate,
                                     momentum=self.momentum, nesterov=self.nesterov,
                                     weight_decay=self.weight_decay)
-                m.assign(new_m)
+                m.assign_synced(new_m)
             else:
                 new_v = bind(optim.sgd_p, v, g, lr=self.learning_rate,
                              weight_decay=self.weight_decay)
-            v.assign(new_v)
+            v.assign_synced(new_v)
 
 
 class Adam(Optimizer):
@@ -152,9 +155,9 @@ class Adam(Optimizer):
                                        lr=self.learning_rate, beta_1=self.beta_1,
                                        beta_2=self.beta_2, epsilon=self.epsilon,
                                        weight_decay=self.weight_decay)
-            v.assign(new_v)
-            m.assign(new_m)
-            s.assign(new_s)
+            v.assign_synced(new_v)
+            m.assign_synced(new_m)
+            s.assign_synced(new_s)
 
 
 class AdamW(Adam):

@@ -86,7 +86,7 @@ class Tracer:
         self.reads: dict = {}         # state Var -> read Var (one read per state version)
         self.read_owner: dict = {}    # read Var -> Variable (what tapes differentiate to)
         self.scopes: list[str] = []
-        self.tapes: list = []
+        self.strategy = None          # the strategy whose replicas this trace runs, if > 1
 
     # ------------------------------------------------------------ values
     def new_arg(self, ty: ArrayType, hint: str | None) -> Tensor:
@@ -101,7 +101,7 @@ class Tracer:
                                  "in as an argument instead")
             return x.var
         if isinstance(x, Symbolic):                     # a Variable
-            return self.read(x).var
+            return x.traced_read(self).var
         if isinstance(x, (Var, Lit)):
             return x
         a = np.asarray(x)

@@ -10,7 +10,7 @@ import itertools
 
 import numpy as np
 
-from graphdist.distribute import context
+from graphdist.distribute import context, sync
 from graphdist.distribute.values import VariableAggregation, VariableSynchronization
 from graphdist.errors import TraceError
 from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
@@ -60,15 +60,16 @@ class Variable(Operators, Symbolic):
     """
 
     __slots__ = ("_values", "_name", "_trainable", "_sync", "_aggregation", "_devices",
-                 "_uid", "__weakref__")
+                 "_uid", "_strategy", "__weakref__")
 
     def __init__(self, initial_value, name=None, trainable=True, dtype=None,
                  synchronization=VariableSynchronization.AUTO,
-                 aggregation=VariableAggregation.NONE, *, _devices=None):
+                 aggregation=VariableAggregation.NONE, *, _devices=None, _strategy=None):
         value = _initial_array(initial_value, dtype)
         self._sync = _enum(VariableSynchronization, synchronization, "synchronization")
         self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
-        strategy = context.get_strategy()
+        strategy = _strategy or context.get_strategy()
+        self._strategy = strategy
         self._devices = tuple(_devices or strategy.devices)
         if self._sync is VariableSynchronization.NONE and len(self._devices) > 1:
             raise ValueError(f"Variable {name!r}: synchronization=NONE is not supported under "
@@ -116,7 +117,10 @@ class Variable(Operators, Symbolic):
 
     def read_value(self):
         tracer = current_tracer()
-        return tracer.read(self) if tracer is not None else self.numpy()
+        return sync.read(tracer, self) if tracer is not None else self.numpy()
+
+    def traced_read(self, tracer):
+        return sync.read(tracer, self)
 
     value = read_value
 
@@ -131,7 +135,7 @@ class Variable(Operators, Symbolic):
         """Set the value. In traced code this becomes an assign_var eqn."""
         tracer = current_tracer()
         if tracer is not None:
-            return tracer.assign(self, value)
+            return sync.assign(tracer, self, value, "assign")
         new = np.asarray(value.eager_value() if isinstance(value, Variable) else value)
         if new.shape != self.shape:
             raise ValueError(f"assign: variable '{self._name}' has shape {self.shape}, "
@@ -145,10 +149,21 @@ class Variable(Operators, Symbolic):
 
     # eagerly as in a trace: gd.add/subtract apply the dtype rules (no silent casts)
     def assign_add(self, delta):
+        tracer = current_tracer()
+        if tracer is not None:
+            return sync.assign(tracer, self, delta, "add")
         return self.assign(add(self.read_value(), delta))
 
     def assign_sub(self, delta):
+        tracer = current_tracer()
+        if tracer is not None:
+            return sync.assign(tracer, self, delta, "sub")
         return self.assign(subtract(self.read_value(), delta))
+
+    def assign_synced(self, value):
+        """Assign a value every replica already agrees on (optimizer updates): no collective."""
+        tracer = current_tracer()
+        return tracer.assign(self, value) if tracer is not None else self.assign(value)
 
     def _split_for_components(self, new: np.ndarray) -> list:
         # a cross-replica write of a SUM sync-on-read variable stores value/N per replica

@@ -352,8 +352,10 @@ CASES = {
     "getitem": _getitem,
     "index_scatter": _index_scatter,
     "constant": _constant,
-    "all_reduce": _collective(all_reduce, op="sum"),
+    "all_reduce": lambda rng: (_collective(all_reduce, op="sum")(rng)
+                               + _collective(all_reduce, op="mean")(rng)),
     "broadcast": _collective(broadcast, source=0),
+    "copy_to": _collective(lambda x, d: bind(OPS["copy_to"], x, device=d), device="cpu:0"),
     "replica_id": _replica_id,
     "sgd_update": _sgd,
     "sgd_momentum_update": _sgd_momentum,
@@ -377,14 +379,6 @@ def _all_cases():
 
 
 ALL = _all_cases()
-
-
-# runtime/lower.py binds a multi-output op (num_outputs=None) with ONE output to the whole
-# tuple its impl returns, so split into one part yields an array of shape (1, ...).
-def _xfail_lowering(params, bad):
-    return [pytest.param(*p.values, id=p.id, marks=pytest.mark.xfail(
-        strict=True, reason="runtime/lower.py: split with one output returns a tuple"))
-        if tuple(p.values) in bad else p for p in params]
 
 
 def _case(name, i, seed=0):
@@ -458,9 +452,10 @@ def test_eager_matches_numpy(name, i):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name,i", _xfail_lowering([p for p in ALL if p.values[0] in (
+@pytest.mark.parametrize("name,i", [p for p in ALL if p.values[0] in (
     "add", "mul", "tanh", "sigmoid", "reduce_sum", "reduce_max", "matmul", "getitem", "split",
-    "concat", "where", "cast", "one_hot", "transpose", "broadcast_to")], {("split", 2)}))
+    "concat", "where", "cast", "one_hot", "transpose", "broadcast_to", "all_reduce",
+    "copy_to")])
 def test_compiled_matches_numpy(name, i):
     """The same formulas through gd.function (trace, passes, lowering)."""
     case = _case(name, i)
@@ -521,7 +516,7 @@ def check_vjp(fn, args, argnums, rng, eps=1e-6, rtol=1e-6):
 DIFFERENTIABLE = [p for p in ALL if OPS[p.values[0]].differentiable]
 
 
-@pytest.mark.parametrize("name,i", _xfail_lowering(DIFFERENTIABLE, {("concat", 3)}))
+@pytest.mark.parametrize("name,i", DIFFERENTIABLE)
 def test_vjp_matches_finite_differences(name, i):
     case = _case(name, i)
     argnums = _float_argnums(case)
@@ -530,8 +525,7 @@ def test_vjp_matches_finite_differences(name, i):
     check_vjp(case.fn, case.args, argnums, np.random.default_rng(1 + i), case.eps, case.rtol)
 
 
-@pytest.mark.parametrize("name,i", _xfail_lowering(DIFFERENTIABLE,
-                                                   {("concat", 3), ("split", 2)}))
+@pytest.mark.parametrize("name,i", DIFFERENTIABLE)
 def test_vjp_in_float32_keeps_float32(name, i):
     """The backward pass must not bring float64 constants into a float32 graph."""
     case = _case(name, i)

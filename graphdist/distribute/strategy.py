@@ -1,12 +1,31 @@
-"""Strategy (the shared machinery), the default strategy and OneDeviceStrategy, and
-ReplicaContext. MirroredStrategy builds on the same base with more than one replica."""
+"""Strategy (the machinery every strategy shares), the default strategy, OneDeviceStrategy,
+MirroredStrategy and ReplicaContext.
+
+Traced code is SPMD: `strategy.run` traces the replica function once, as replica 0 sees it;
+a per-replica value inside the trace is a LocalValue (this replica's tensor), and every
+cross-replica point (reduce, all_reduce, merge_call's regrouping, sync-on-read reads) is an
+explicit collective that the replication pass lowers between devices.
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphdist.distribute import context
-from graphdist.distribute.devices import canonical, default_device
+from graphdist.distribute.devices import canonical, default_device, devices as all_devices
+from graphdist.distribute.input import distribute_batch
 from graphdist.distribute.values import PerReplica, ReduceOp, ValueContext
 from graphdist.ops.core import Symbolic, current_tracer
+
+
+class LocalValue(PerReplica):
+    """Inside a trace: a per-replica value, represented by this replica's tensor."""
+
+    __slots__ = ()
+
+    @property
+    def local(self):
+        return self.values[0]
 
 
 def _reduce_op(op) -> ReduceOp:
@@ -16,6 +35,39 @@ def _reduce_op(op) -> ReduceOp:
         return ReduceOp(str(op).lower())
     except ValueError:
         raise ValueError(f"unknown reduce op {op!r}; use gd.ReduceOp.SUM or MEAN") from None
+
+
+def map_structure(fn, value):
+    if isinstance(value, PerReplica):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(map_structure(fn, v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_structure(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: map_structure(fn, v) for k, v in value.items()}
+    return fn(value)
+
+
+def _local(value):
+    """A LocalValue or PerReplica argument -> what replica 0's code sees."""
+    return map_structure(lambda v: v.values[0] if isinstance(v, PerReplica) else v, value)
+
+
+def _is_mirrored_tensor(t) -> bool:
+    """True for values every replica holds identically (collective results, mirrored reads)."""
+    var = getattr(t, "var", None)
+    tracer = current_tracer()
+    if var is None or tracer is None:
+        return True
+    for eqn in reversed(tracer.eqns):
+        if var in eqn.outputs:
+            if eqn.op in ("all_reduce", "broadcast"):
+                return True
+            if eqn.op == "read_var":
+                return not dict(eqn.params)["var"].on_read
+            return False
+    return False
 
 
 class ReplicaContext:
@@ -31,7 +83,7 @@ class ReplicaContext:
 
     @property
     def replica_id_in_sync_group(self):
-        """The replica's index; symbolic (an int32 scalar tensor) in traced code."""
+        """This replica's index; a symbolic int32 scalar in traced code with several replicas."""
         if current_tracer() is not None and self.num_replicas_in_sync > 1:
             from graphdist.ops.collectives import replica_id
 
@@ -43,29 +95,40 @@ class ReplicaContext:
         from graphdist.ops.collectives import all_reduce
 
         op = _reduce_op(op)
-        return _map_structure(lambda v: all_reduce(v, op.value), value)
+        if self.num_replicas_in_sync == 1:
+            return value
+        return map_structure(lambda v: all_reduce(v, op.value), value)
 
     def merge_call(self, merge_fn, args=(), kwargs=None):
-        """Call merge_fn(strategy, *args) once in cross-replica context; each replica gets its
-        part of the result."""
+        """Call merge_fn(strategy, *args) once in cross-replica context, with per-replica
+        arguments regrouped as PerReplica; each replica gets back its part of the result."""
         kwargs = kwargs or {}
+        spmd = current_tracer() is not None and self.num_replicas_in_sync > 1
+        if spmd:
+            regroup = (lambda v: LocalValue((v,)) if isinstance(v, Symbolic) else v)
+            args = map_structure(regroup, args)
+            kwargs = map_structure(regroup, kwargs)
         with context.entered(self.strategy, None):
-            return merge_fn(self.strategy, *args, **kwargs)
-
-
-def _map_structure(fn, value):
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_structure(fn, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_structure(fn, v) for k, v in value.items()}
-    return fn(value)
+            result = merge_fn(self.strategy, *args, **kwargs)
+        return _local(result) if spmd else result
 
 
 class Strategy:
     """The distribution API common to every strategy; one replica per device in `devices`."""
 
-    def __init__(self, devices):
+    def __init__(self, devices, cross_device_ops=None, bucket_bytes: int = 25 * 2**20):
+        devices = list(devices)
+        if not devices:
+            raise ValueError(f"{type(self).__name__}: the device list is empty")
         self._devices = tuple(canonical(d) for d in devices)
+        if len(set(self._devices)) != len(self._devices):
+            raise ValueError(f"{type(self).__name__}: duplicate devices in {devices}")
+        if int(bucket_bytes) <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        from graphdist.distribute.cross_device_ops import choose_cross_device_ops
+
+        self.cross_device_ops = cross_device_ops or choose_cross_device_ops(self._devices)
+        self.bucket_bytes = int(bucket_bytes)
         self._run_functions: dict = {}
         self.default_replica_context = ReplicaContext(self, 0)
 
@@ -81,65 +144,136 @@ class Strategy:
         """Variables created inside are placed by this strategy (cross-replica context)."""
         return context.entered(self, None)
 
+    # ------------------------------------------------------------ running
     def run(self, fn, args=(), kwargs=None):
         """Run `fn` once per replica. Inside gd.function it joins that trace; on its own it is
-        traced and compiled once per input signature."""
-        args = args if isinstance(args, (tuple, list)) else (args,)
+        traced and compiled once per input signature. Returns a PerReplica, or a plain value
+        where every replica returns the same mirrored value."""
+        args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
         kwargs = kwargs or {}
-        if current_tracer() is not None:
+        tracer = current_tracer()
+        if tracer is not None:
+            if self.num_replicas_in_sync > 1:
+                tracer.strategy = self
             with context.entered(self, ReplicaContext(self, 0)):
-                return fn(*_first_replica(args), **_first_replica(kwargs))
+                out = fn(*_local(args), **_local(kwargs))
+            if self.num_replicas_in_sync == 1:
+                return out
+            return map_structure(lambda v: LocalValue((v,)) if isinstance(v, Symbolic)
+                                 and not _is_mirrored_tensor(v) else v, out)
         compiled = self._run_functions.get(fn)
         if compiled is None:
             from graphdist.trace import function
 
             compiled = function(lambda *a, **k: self.run(fn, a, k))
+            compiled.__name__ = getattr(fn, "__name__", "replica_fn")
             self._run_functions[fn] = compiled
-        return compiled(*_first_replica(args), **_first_replica(kwargs))
+        return compiled(*args, **kwargs)
 
     def reduce(self, op, value, axis=None):
-        """Reduce a per-replica value across replicas (and along `axis` of each component)."""
-        from graphdist.ops.math import reduce_mean, reduce_sum
-
+        """Reduce a per-replica value across replicas (and along `axis` of every component:
+        MEAN with axis=0 is the mean over every example of the global batch)."""
         op = _reduce_op(op)
-        value = value.values[0] if isinstance(value, PerReplica) else value
+        tracer = current_tracer()
+        if tracer is not None:
+            if self.num_replicas_in_sync > 1:
+                tracer.strategy = self
+            return self._reduce_traced(op, value, axis)
+        parts = [np.asarray(v) for v in value.values] if isinstance(value, PerReplica) \
+            else [np.asarray(value)] * self.num_replicas_in_sync
         if axis is None:
-            return value
-        reduce = reduce_sum if op is ReduceOp.SUM else reduce_mean
-        return reduce(value, axis=axis)
+            total = np.sum(parts, axis=0, dtype=parts[0].dtype)
+            return total / parts[0].dtype.type(len(parts)) if op is ReduceOp.MEAN else total
+        total = sum(np.sum(p, axis=axis, dtype=p.dtype) for p in parts)
+        if op is ReduceOp.MEAN:
+            total = total / parts[0].dtype.type(sum(p.shape[axis] for p in parts))
+        return total
+
+    def _reduce_traced(self, op, value, axis):
+        from graphdist.ops.array import cast, shape
+        from graphdist.ops.collectives import all_reduce
+        from graphdist.ops.math import divide, reduce_sum
+
+        local = value.values[0] if isinstance(value, PerReplica) else value
+        n = self.num_replicas_in_sync
+        if axis is None:
+            if n == 1:
+                return local
+            return all_reduce(local, op.value)
+        total = reduce_sum(local, axis=axis)
+        if n > 1:
+            total = all_reduce(total, "sum")
+        if op is ReduceOp.SUM:
+            return total
+        count = cast(shape(local)[axis], total.dtype)
+        if n > 1:
+            count = all_reduce(count, "sum")
+        return divide(total, count)
 
     def gather(self, value, axis=0):
-        return value.values[0] if isinstance(value, PerReplica) else value
+        """Concatenate the replicas' components along `axis` (outside traced code)."""
+        if current_tracer() is not None:
+            if self.num_replicas_in_sync == 1:
+                return value.values[0] if isinstance(value, PerReplica) else value
+            raise NotImplementedError("strategy.gather inside traced code is not supported "
+                                      "yet; return the PerReplica value and gather outside")
+        if not isinstance(value, PerReplica):
+            return np.concatenate([np.asarray(value)] * self.num_replicas_in_sync, axis=axis)
+        return np.concatenate([np.asarray(v) for v in value.values], axis=axis)
 
+    # ------------------------------------------------------------ input
     def experimental_distribute_dataset(self, iterable):
-        return iterable
+        """Split each global batch along axis 0 into one shard per replica (PerReplica)."""
+        n = self.num_replicas_in_sync
+        if n == 1:
+            return iterable
+        return _DistributedIterable(iterable, n)
 
     def experimental_distribute_values_from_function(self, fn):
-        return fn(ValueContext(0, 1))
+        values = [fn(ValueContext(i, self.num_replicas_in_sync))
+                  for i in range(self.num_replicas_in_sync)]
+        return values[0] if len(values) == 1 else PerReplica(values)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={list(self._devices)})"
 
 
-def _first_replica(value):
-    if isinstance(value, PerReplica):
-        return value.values[0]
-    if isinstance(value, (list, tuple)) and not isinstance(value, Symbolic):
-        return type(value)(_first_replica(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _first_replica(v) for k, v in value.items()}
-    return value
+class _DistributedIterable:
+    def __init__(self, iterable, n: int):
+        self.iterable = iterable
+        self.n = n
+
+    def __iter__(self):
+        return (distribute_batch(batch, self.n) for batch in self.iterable)
+
+    def __len__(self):
+        return len(self.iterable)
 
 
 class OneDeviceStrategy(Strategy):
     """All variables and computation on one device.
 
-    >>> s = gd.OneDeviceStrategy("cpu:0"); s.num_replicas_in_sync
+    >>> gd.OneDeviceStrategy("cpu:0").num_replicas_in_sync
     1
     """
 
     def __init__(self, device):
         super().__init__([device])
+
+
+class MirroredStrategy(Strategy):
+    """Synchronous data parallelism over several devices of one machine: one replica per
+    device, variables mirrored, gradients all-reduced.
+
+    >>> strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    >>> strategy.num_replicas_in_sync
+    2
+    """
+
+    def __init__(self, devices=None, cross_device_ops=None, bucket_bytes: int = 25 * 2**20):
+        if devices is None:
+            devices = all_devices("gpu") or ["cpu:0"]
+        super().__init__(devices, cross_device_ops, bucket_bytes)
 
 
 class _DefaultStrategy(OneDeviceStrategy):

@@ -17,33 +17,38 @@ def _letters(i: int) -> str:
 class Namer:
     """Gives each Var a short, stable, unique name: its hint when it has one, else a, b, c..."""
 
-    def __init__(self):
+    def __init__(self, devices: tuple = ()):
         self.names: dict = {}
         self.taken: set = set()
         self.counter = 0
+        # with several devices every name carries its replica: h@0, h@1
+        self.replica = {d: i for i, d in enumerate(devices)} if len(devices) > 1 else {}
 
     def __call__(self, v) -> str:
         if isinstance(v, Lit):
             return str(v)
         name = self.names.get(v)
         if name is None:
-            name = self._fresh(v.hint)
+            device = getattr(v, "device", None)
+            name = self._fresh(v.hint, device)
+            if device in self.replica:
+                name += f"@{self.replica[device]}"
             self.names[v] = name
         return name
 
-    def _fresh(self, hint: str | None) -> str:
+    def _fresh(self, hint: str | None, device=None) -> str:
         if hint:
             base = hint.replace("/", ".")
             name, k = base, 1
-            while name in self.taken:
+            while (name, device) in self.taken:
                 name, k = f"{base}_{k}", k + 1
         else:
             name = _letters(self.counter)
-            while name in self.taken:
+            while (name, device) in self.taken:
                 self.counter += 1
                 name = _letters(self.counter)
             self.counter += 1
-        self.taken.add(name)
+        self.taken.add((name, device))
         return name
 
 
@@ -71,11 +76,11 @@ def eqn_text(eqn: Eqn, namer: Namer | None = None) -> str:
     ins = " ".join(namer(v) for v in eqn.inputs)
     head = f"{eqn.op}[{params}]" if params else f"{eqn.op}"
     text = f"{outs} = {head} {ins}".rstrip()
-    return text + (f"   @{eqn.device}" if eqn.device else "")
+    return text + (f"   # {eqn.device}" if eqn.device else "")
 
 
 def graph_text(g: Graph, max_eqns: int | None = 400) -> str:
-    namer = Namer()
+    namer = Namer(g.devices)
     args = ", ".join(_binder(namer, v) for v in g.inputs[: g.num_args])
     state = ", ".join(_binder(namer, v) for v in g.inputs[g.num_args:])
     head = f"graph({args}" + (f"; vars {state}" if state else "") + ")"

@@ -11,13 +11,14 @@ class Builder:
         self.eqns: list[Eqn] = []
         self.scope = scope
 
-    def add(self, op, ins, device: str, hint: str | None = None, **params) -> tuple:
+    def add(self, op, ins, on: str, hint: str | None = None, **params) -> tuple:
+        """Append `op[params] ins` running on device `on`; returns its output Vars."""
         types = op.out_types(*(v.ty for v in ins), **params)
-        outs = tuple(Var(ty, hint, device) for ty in types)
+        outs = tuple(Var(ty, hint, on) for ty in types)
         self.eqns.append(Eqn(op, tuple(ins), outs, tuple(sorted(params.items())),
-                             device=device, scope=self.scope))
+                             device=on, scope=self.scope))
         return outs
 
-    def add1(self, op, ins, device: str, hint: str | None = None, **params) -> Var:
-        (out,) = self.add(op, ins, device, hint, **params)
+    def add1(self, op, ins, on: str, hint: str | None = None, **params) -> Var:
+        (out,) = self.add(op, ins, on, hint, **params)
         return out

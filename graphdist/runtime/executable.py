@@ -1,13 +1,62 @@
-"""From a logical graph to something callable: place it, schedule it, lower it per device."""
+"""From a logical graph to something callable: place (or replicate) it, schedule it, and
+lower it to one program per device. Several devices run concurrently, one worker thread
+each; a value crossing devices goes through a Channel (an event and a slot)."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from graphdist import config
 from graphdist.distribute import context
-from graphdist.errors import TraceError
-from graphdist.ir import Graph
+from graphdist.errors import TraceError, WorkerError
+from graphdist.ir import Graph, Var
 from graphdist.passes import place, run_passes, schedule
 from graphdist.runtime.backends import backend_for
 from graphdist.runtime.lower import lower
+
+_ABORT = object()
+
+
+class Aborted(WorkerError):
+    """This device stopped because another one failed (never reaches the user)."""
+
+
+class Channel:
+    """One cross-device value per run: the producer posts it, consumers wait for it."""
+
+    __slots__ = ("event", "value", "name")
+
+    def __init__(self, name: str):
+        self.event = threading.Event()
+        self.value = None
+        self.name = name
+
+    def post(self, value) -> None:
+        self.value = value
+        self.event.set()
+
+    def wait(self):
+        if not self.event.wait(config.collective_timeout()):
+            raise WorkerError(f"timed out after {config.collective_timeout()} s waiting for "
+                              f"{self.name} (gd.config.set_collective_timeout to change)")
+        if self.value is _ABORT:
+            raise Aborted(f"stopped: another device failed before sending {self.name}")
+        return self.value
+
+    def reset(self) -> None:
+        self.event.clear()
+        self.value = None
+
+    def abort(self) -> None:
+        if not self.event.is_set():
+            self.value = _ABORT
+            self.event.set()
+
+
+def _storage(state: Var, variable):
+    return variable.values[variable.devices.index(state.device)] \
+        if state.device in variable.devices else variable.values[0]
 
 
 class OneDeviceExecutable:
@@ -15,9 +64,85 @@ class OneDeviceExecutable:
         self.graph = placed
         self.program = program
         self.source = program.source
+        self.replicas = 1
 
     def __call__(self, arrays):
         return self.program(*arrays)
+
+
+class MultiDeviceExecutable:
+    """Runs a replicated graph: one program per device, all at once."""
+
+    def __init__(self, placed: Graph):
+        self.graph = placed
+        self.devices = placed.devices
+        self.replicas = len(self.devices)
+        self.args_per_replica = placed.meta["args_per_replica"]
+        self.results_per_replica = placed.meta["results_per_replica"]
+        producer = {v: v.device for v in placed.inputs}
+        for eqn in placed.eqns:
+            producer.update((v, eqn.device) for v in eqn.outputs)
+        crossing = {}
+        for eqn in placed.eqns:
+            for v in eqn.inputs:
+                if isinstance(v, Var) and producer[v] != eqn.device and v not in crossing:
+                    crossing[v] = Channel(f"{v.hint or 'a value'} from {producer[v]}")
+        self.channels = list(crossing.values())
+        self.programs = [self._program(d, device, crossing, producer)
+                         for d, device in enumerate(self.devices)]
+        self.source = "\n\n".join(f"# ---- {dev}\n{p.source}"
+                                  for dev, p in zip(self.devices, self.programs))
+        self.pool = ThreadPoolExecutor(max_workers=max(1, self.replicas - 1),
+                                       thread_name_prefix="graphdist-device")
+
+    def _program(self, d: int, device: str, crossing: dict, producer: dict):
+        g = self.graph
+        a, r = self.args_per_replica, self.results_per_replica
+        n_states = len(g.variables) // self.replicas
+        eqns = tuple(e for e in g.eqns if e.device == device)
+        imports = {v: crossing[v].wait for e in eqns for v in e.inputs
+                   if isinstance(v, Var) and v in crossing and producer[v] != device}
+        exports = {v: crossing[v].post for e in eqns for v in e.outputs if v in crossing}
+        args = g.inputs[d * a:(d + 1) * a]
+        states = g.inputs[self.replicas * a + d * n_states:self.replicas * a + (d + 1) * n_states]
+        variables = g.variables[d * n_states:(d + 1) * n_states]
+        results = g.outputs[d * r:(d + 1) * r]
+        finals = g.outputs[self.replicas * r + d * n_states:
+                           self.replicas * r + (d + 1) * n_states]
+        sub = Graph(inputs=tuple(args) + tuple(imports) + tuple(states), eqns=eqns,
+                    outputs=tuple(results) + tuple(finals), variables=tuple(variables),
+                    devices=(device,))
+        sub = schedule(sub)
+        storage = {s: _storage(s, v) for s, v in zip(states, variables)}
+        return lower(sub, backend_for(device), storage, imports=imports, exports=exports)
+
+    def __call__(self, arrays):
+        """arrays: the argument arrays of every replica, replica after replica."""
+        for ch in self.channels:
+            ch.reset()
+        a = self.args_per_replica
+        futures = [self.pool.submit(self.programs[d], *arrays[d * a:(d + 1) * a])
+                   for d in range(1, self.replicas)]
+        results, errors = [None] * self.replicas, [None] * self.replicas
+        try:
+            results[0] = self.programs[0](*arrays[:a])
+        except BaseException as e:  # noqa: BLE001 - every failure must stop the others
+            errors[0] = e
+            self._abort()
+        for d, f in enumerate(futures, start=1):
+            try:
+                results[d] = f.result()
+            except BaseException as e:  # noqa: BLE001
+                errors[d] = e
+                self._abort()
+        real = [e for e in errors if e is not None and not isinstance(e, Aborted)]
+        if real or any(errors):
+            raise (real or [e for e in errors if e is not None])[0]
+        return [x for per in results for x in per]
+
+    def _abort(self) -> None:
+        for ch in self.channels:
+            ch.abort()
 
 
 def _device_of(g: Graph) -> str:
@@ -39,3 +164,15 @@ def compile_graph(g: Graph):
     placed = run_passes(g, [lambda g: place(g, device), schedule])
     storage = {s: var.values[0] for s, var in zip(placed.inputs[placed.num_args:], g.variables)}
     return OneDeviceExecutable(placed, lower(placed, backend_for(device), storage))
+
+
+def compile_replicated(graphs: list[Graph], strategy):
+    """Replicate one logical graph per replica over the strategy's devices and compile."""
+    from graphdist.passes.replicate import replicate
+
+    for v in graphs[0].variables:
+        if tuple(v.devices) != tuple(strategy.devices):
+            raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
+                             f"on {list(strategy.devices)}; create it under strategy.scope()")
+    placed = replicate(graphs, strategy.devices, strategy.cross_device_ops)
+    return MultiDeviceExecutable(placed)

@@ -67,13 +67,21 @@ def _annotated(e: Exception, program: Program) -> Exception:
 
 
 class _Lowering:
-    def __init__(self, g: Graph, backend: Backend, storage: dict, fused: bool):
+    def __init__(self, g: Graph, backend: Backend, storage: dict, fused: bool,
+                 imports: dict | None = None, exports: dict | None = None):
         self.g = g
+        self.imports = imports or {}      # Var made on another device -> its wait() callable
+        self.exports = exports or {}      # Var another device reads -> its post() callable
         self.backend = backend
         self.xp = backend.xp
         self.storage = storage            # state input Var -> the variable's component array
         self.fused = fused
         self.live = g.meta.get("liveness") or liveness(g)
+        if self.exports:   # another device reads these whenever it gets there: never reuse
+            last_use = dict(self.live.last_use)
+            for v in self.exports:
+                last_use[self.live.root.get(v, v)] = len(g.eqns)
+            self.live = type(self.live)(self.live.root, last_use, self.live.peak_bytes)
         self.env: dict = {"_np": np}
         self.name: dict = {}              # Var -> expression naming its value
         self.arena_of: dict = {}          # root Var -> arena buffer name
@@ -142,6 +150,16 @@ class _Lowering:
 
     # ------------------------------------------------------------ eqns
     def lower_eqn(self, i: int, eqn) -> None:
+        for v in eqn.inputs:
+            if v in self.imports and v not in self.name:
+                self.name[v] = f"v{next(self.counter)}"
+                self.emit(f"{self.name[v]} = {self.glob('W', self.imports[v])}()")
+        self.lower_eqn_body(i, eqn)
+        for v in eqn.outputs:
+            if v in self.exports:
+                self.emit(f"{self.glob('P', self.exports[v])}({self.name[v]})")
+
+    def lower_eqn_body(self, i: int, eqn) -> None:
         op = eqn.op
         params = dict(eqn.params)
         if op == "constant":
@@ -209,8 +227,9 @@ class _Lowering:
     # ------------------------------------------------------------ whole graph
     def run(self) -> Program:
         g = self.g
-        arg_names = [f"a{k}" for k in range(g.num_args)]
-        self.name.update(zip(g.inputs[: g.num_args], arg_names))
+        params = [v for v in g.inputs[: g.num_args] if v not in self.imports]
+        arg_names = [f"a{k}" for k in range(len(params))]
+        self.name.update(zip(params, arg_names))
         for v in g.inputs[g.num_args:]:
             self.name[v] = self.glob("S", self.storage[v])
         dying: dict = {}
@@ -314,11 +333,13 @@ def _split(arg_names, lines, eqns) -> list:
     return chunks
 
 
-def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None) -> Program:
+def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None,
+          imports: dict | None = None, exports: dict | None = None) -> Program:
     """Compile a placed one-device graph. `storage` maps each state input Var to the array
-    holding that variable's component on this device."""
+    holding that variable's component on this device; `imports`/`exports` connect values
+    that cross to or from other devices (inputs listed among the graph's arguments)."""
     fused = config.fused_kernels() if fused is None else fused
-    return _Lowering(g, backend, storage, fused).run()
+    return _Lowering(g, backend, storage, fused, imports, exports).run()
 
 
 def program_source(program: Program) -> str:

@@ -1,0 +1,56 @@
+"""How variables synchronize inside traced code (API.md "Variables"): which reads aggregate
+across replicas and what an assign does in replica and in cross-replica context. Everything
+here emits ordinary collectives into the SPMD graph; with one replica it emits none."""
+
+from __future__ import annotations
+
+from graphdist.distribute.context import get_replica_context
+from graphdist.distribute.values import VariableAggregation as Agg
+from graphdist.ops.collectives import all_reduce, broadcast
+from graphdist.ops.core import Symbolic
+
+
+def in_replica_context(variable) -> bool:
+    ctx = get_replica_context()
+    return ctx is not None and tuple(ctx.strategy.devices) == tuple(variable.devices)
+
+
+def _aggregate(value, aggregation, n: int):
+    if aggregation is Agg.SUM:
+        return all_reduce(value, "sum")
+    if aggregation is Agg.MEAN:
+        return all_reduce(value, "mean")
+    return broadcast(value, 0)
+
+
+def read(tracer, variable):
+    """The variable's value as this code sees it: a sync-on-read variable read in
+    cross-replica context is the aggregate of the replicas' components."""
+    local = tracer.read(variable)
+    if len(variable.devices) == 1 or not variable.on_read or in_replica_context(variable):
+        return local
+    return _aggregate(local, variable.aggregation, len(variable.devices))
+
+
+def assign(tracer, variable, value, mode: str):
+    """assign / assign_add / assign_sub with the aggregation rules; returns the variable."""
+    n = len(variable.devices)
+    if n > 1 and in_replica_context(variable) and not variable.on_read:
+        agg = variable.aggregation
+        if agg is Agg.NONE:
+            raise ValueError(f"assign to mirrored variable '{variable.name}' in a replica "
+                             "context: specify an aggregation (SUM, MEAN or "
+                             "ONLY_FIRST_REPLICA) when creating it")
+        if agg is Agg.SUM and not isinstance(value, Symbolic):
+            raise ValueError(f"assign to mirrored variable '{variable.name}' with SUM "
+                             "aggregation: a Python number or numpy constant would be summed "
+                             f"over {n} replicas; pass a tensor or use MEAN")
+        value = _aggregate(value, agg, n)
+    elif n > 1 and variable.on_read and variable.aggregation is Agg.SUM \
+            and not in_replica_context(variable):
+        value = value / float(n)          # the read gives the value back
+    if mode != "assign":
+        local = tracer.read(variable)
+        value = local + value if mode == "add" else local - value
+    tracer.assign(variable, value)
+    return variable
