@@ -5,6 +5,7 @@ This module re-exports the public API of API.md and nothing else.
 
 from graphdist import config, data, nn, optimizers  # noqa: F401
 from graphdist.autodiff import GradientTape, value_and_grad
+from graphdist.checkpoint import Checkpoint
 from graphdist.distribute.context import (get_replica_context, get_strategy, has_strategy,
                                           in_cross_replica_context)
 from graphdist.distribute.devices import devices

@@ -215,4 +215,7 @@ def test_compute_average_loss_default_counts_every_replica():
         np.testing.assert_allclose(gd.nn.compute_average_loss(per_example, 4), 6.0 / 4,
                                    rtol=1e-15)
     f = gd.function(lambda l: strategy.run(gd.nn.compute_average_loss, args=(l,)))
-    np.testing.assert_allclose(f(per_example), 6.0 / 12, rtol=1e-15)
+    result = f(per_example)                     # every replica computes its own copy
+    assert isinstance(result, gd.PerReplica) and len(result.values) == 4
+    for value in result.values:
+        np.testing.assert_allclose(value, 6.0 / 12, rtol=1e-15)
