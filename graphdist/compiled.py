@@ -52,8 +52,10 @@ class Compiled:
     """One signature's trace: the logical graph (replica 0's), the placed graph and the
     executable, plus how call arguments feed it and how its results come back."""
 
-    def __init__(self, graph: Graph, out_tree, out_kinds: list, executable, feeds: list):
+    def __init__(self, graph: Graph, out_tree, out_kinds: list, executable, feeds: list,
+                 rebuild=None):
         self.graph = graph
+        self.rebuild = rebuild       # rebuild(profile=True) -> an instrumented executable
         self.out_tree = out_tree
         self.out_kinds = out_kinds   # per output leaf: ("static", v) | ("mirrored",) | ("per_replica",)
         self.executable = executable
@@ -216,7 +218,8 @@ class Function:
                              f"values but the strategy runs {n} replicas")
         if n == 1:
             return Compiled(graph, out_tree, out_kinds, compile_graph(graph),
-                            [self._feed(view, specs)])
+                            [self._feed(view, specs)],
+                            lambda profile: compile_graph(graph, profile))
         views = [_view(index_tree, r) for r in range(n)] if n_args else [index_tree] * n
         by_shapes = {}
         graphs = []
@@ -229,7 +232,8 @@ class Function:
                 by_shapes[shapes] = self._trace(v, leaves, specs)[0]
             graphs.append(by_shapes[shapes])
         return Compiled(graph, out_tree, out_kinds, compile_replicated(graphs, strategy),
-                        [self._feed(v, specs) for v in views])
+                        [self._feed(v, specs) for v in views],
+                        lambda profile: compile_replicated(graphs, strategy, profile))
 
     @staticmethod
     def _feed(view, specs) -> list:
@@ -291,6 +295,25 @@ class Function:
 
     def get_replicated_graph(self, *args, **kwargs) -> Graph:
         return self._entry(args, kwargs).replicated_graph
+
+    def profile(self, *args, path=None, **kwargs) -> dict:
+        """Run one step with a timer around every node; returns (and writes to `path`) the
+        Chrome trace event object: one lane per device, one event per node."""
+        from graphdist.runtime.profile import chrome_trace, write_trace
+
+        leaves, key = self._signature(args, kwargs)
+        compiled = self._cache.get(key) or self._compile(key, leaves, args, kwargs)
+        if getattr(compiled, "profiled", None) is None:
+            compiled.profiled = compiled.rebuild(True)
+        executable = compiled.profiled
+        for program in executable.programs:
+            program.events.clear()
+        arrays = [leaves[i] for feed in compiled.feeds for i in feed]
+        executable(arrays)
+        trace = chrome_trace(executable, self.__name__)
+        if path is not None:
+            write_trace(trace, path)
+        return trace
 
     def program_source(self, *args, **kwargs) -> str:
         """The generated Python program(s) of a signature (the latest when no args)."""

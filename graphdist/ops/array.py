@@ -103,6 +103,7 @@ def _concat_shape(*xs, axis):
 
 
 concat_p.def_impl(lambda xp, *xs, axis: xp.concatenate(xs, axis=axis))
+concat_p.def_out(lambda xp, out, *xs, axis: xp.concatenate(xs, axis=axis, out=out))
 
 
 @concat_p.def_vjp

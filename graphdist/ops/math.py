@@ -187,6 +187,11 @@ where_p.def_impl(lambda xp, c, x, y: xp.where(c, x, y))
 @where_p.def_out
 def _where_out(xp, out, c, x, y):
     # correct when `out` is x or y (the lowering may donate a dying input's buffer)
+    if xp is np:
+        from graphdist.kernels.select import select_cpu
+
+        if select_cpu(c, x, y, out):
+            return
     xp.copyto(out, y, where=xp.logical_not(c))
     xp.copyto(out, x, where=c)
 

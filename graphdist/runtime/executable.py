@@ -12,6 +12,7 @@ from graphdist.distribute import context
 from graphdist.errors import TraceError, WorkerError
 from graphdist.ir import Graph, Var
 from graphdist.passes import place, run_passes, schedule
+from graphdist.runtime import threads
 from graphdist.runtime.backends import backend_for
 from graphdist.runtime.lower import lower
 
@@ -63,18 +64,23 @@ class OneDeviceExecutable:
     def __init__(self, placed: Graph, program):
         self.graph = placed
         self.program = program
+        self.programs = [program]
+        self.devices = placed.devices
         self.source = program.source
         self.replicas = 1
 
     def __call__(self, arrays):
+        threads.set_blas_threads(None)
+        threads.set_numba_threads(threads.cores())
         return self.program(*arrays)
 
 
 class MultiDeviceExecutable:
     """Runs a replicated graph: one program per device, all at once."""
 
-    def __init__(self, placed: Graph):
+    def __init__(self, placed: Graph, profile: bool = False):
         self.graph = placed
+        self.profile = profile
         self.devices = placed.devices
         self.replicas = len(self.devices)
         self.args_per_replica = placed.meta["args_per_replica"]
@@ -94,6 +100,7 @@ class MultiDeviceExecutable:
                                   for dev, p in zip(self.devices, self.programs))
         self.pool = ThreadPoolExecutor(max_workers=max(1, self.replicas - 1),
                                        thread_name_prefix="graphdist-device")
+        self.threads = threads.share(self.replicas)
 
     def _program(self, d: int, device: str, crossing: dict, producer: dict):
         g = self.graph
@@ -114,18 +121,24 @@ class MultiDeviceExecutable:
                     devices=(device,))
         sub = schedule(sub)
         storage = {s: _storage(s, v) for s, v in zip(states, variables)}
-        return lower(sub, backend_for(device), storage, imports=imports, exports=exports)
+        return lower(sub, backend_for(device), storage, imports=imports, exports=exports,
+                     events=[] if self.profile else None)
+
+    def _run_device(self, d: int, args):
+        threads.set_numba_threads(self.threads)
+        return self.programs[d](*args)
 
     def __call__(self, arrays):
         """arrays: the argument arrays of every replica, replica after replica."""
         for ch in self.channels:
             ch.reset()
+        threads.set_blas_threads(self.threads)
         a = self.args_per_replica
-        futures = [self.pool.submit(self.programs[d], *arrays[d * a:(d + 1) * a])
+        futures = [self.pool.submit(self._run_device, d, arrays[d * a:(d + 1) * a])
                    for d in range(1, self.replicas)]
         results, errors = [None] * self.replicas, [None] * self.replicas
         try:
-            results[0] = self.programs[0](*arrays[:a])
+            results[0] = self._run_device(0, arrays[:a])
         except BaseException as e:  # noqa: BLE001 - every failure must stop the others
             errors[0] = e
             self._abort()
@@ -159,14 +172,15 @@ def _device_of(g: Graph) -> str:
     return context.get_strategy().devices[0]
 
 
-def compile_graph(g: Graph):
+def compile_graph(g: Graph, profile: bool = False):
     device = _device_of(g)
     placed = run_passes(g, [lambda g: place(g, device), schedule])
     storage = {s: var.values[0] for s, var in zip(placed.inputs[placed.num_args:], g.variables)}
-    return OneDeviceExecutable(placed, lower(placed, backend_for(device), storage))
+    return OneDeviceExecutable(placed, lower(placed, backend_for(device), storage,
+                                             events=[] if profile else None))
 
 
-def compile_replicated(graphs: list[Graph], strategy):
+def compile_replicated(graphs: list[Graph], strategy, profile: bool = False):
     """Replicate one logical graph per replica over the strategy's devices and compile."""
     from graphdist.passes.replicate import replicate
 
@@ -175,4 +189,4 @@ def compile_replicated(graphs: list[Graph], strategy):
             raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
                              f"on {list(strategy.devices)}; create it under strategy.scope()")
     placed = replicate(graphs, strategy.devices, strategy.cross_device_ops)
-    return MultiDeviceExecutable(placed)
+    return MultiDeviceExecutable(placed, profile)

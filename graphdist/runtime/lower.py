@@ -68,8 +68,10 @@ def _annotated(e: Exception, program: Program) -> Exception:
 
 class _Lowering:
     def __init__(self, g: Graph, backend: Backend, storage: dict, fused: bool,
-                 imports: dict | None = None, exports: dict | None = None):
+                 imports: dict | None = None, exports: dict | None = None,
+                 events: list | None = None):
         self.g = g
+        self.events = events              # profiling: (eqn index, start, end) per eqn run
         self.imports = imports or {}      # Var made on another device -> its wait() callable
         self.exports = exports or {}      # Var another device reads -> its post() callable
         self.backend = backend
@@ -83,6 +85,10 @@ class _Lowering:
                 last_use[self.live.root.get(v, v)] = len(g.eqns)
             self.live = type(self.live)(self.live.root, last_use, self.live.peak_bytes)
         self.env: dict = {"_np": np}
+        if events is not None:
+            import time
+
+            self.env.update(_events=events, _clock=time.perf_counter)
         self.name: dict = {}              # Var -> expression naming its value
         self.arena_of: dict = {}          # root Var -> arena buffer name
         self.pool: dict = {}              # (shape, dtype) -> free arena buffer names
@@ -150,6 +156,9 @@ class _Lowering:
 
     # ------------------------------------------------------------ eqns
     def lower_eqn(self, i: int, eqn) -> None:
+        if self.events is not None:
+            self.emit("_t0 = _clock()")
+            before = len(self.lines)
         for v in eqn.inputs:
             if v in self.imports and v not in self.name:
                 self.name[v] = f"v{next(self.counter)}"
@@ -158,6 +167,12 @@ class _Lowering:
         for v in eqn.outputs:
             if v in self.exports:
                 self.emit(f"{self.glob('P', self.exports[v])}({self.name[v]})")
+        if self.events is not None:
+            if len(self.lines) > before:
+                self.emit(f"_events.append(({i}, _t0, _clock()))")
+            else:
+                self.lines.pop()
+                self.line_eqn.pop()
 
     def lower_eqn_body(self, i: int, eqn) -> None:
         op = eqn.op
@@ -185,6 +200,14 @@ class _Lowering:
             fn = self.glob("O", functools.partial(op.out_impl, self.xp, **params))
             self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
             self.bind_buffer(out, buf)
+        elif more and op.out_impl is not None and not op.elementwise and all(
+                v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs):
+            # several outputs: out_impl(xp, (out0, out1, ...), *ins); buffers never donated
+            bufs = [self.buffer_for(eqn, i, v) for v in eqn.outputs]
+            fn = self.glob("O", functools.partial(op.out_impl, self.xp, **params))
+            self.emit(f"{fn}(({', '.join(bufs)},){', ' if args else ''}{args})", eqn)
+            for v, buf in zip(eqn.outputs, bufs):
+                self.bind_buffer(v, buf)
         else:
             fn = (self.glob("U", getattr(self.xp, op.ufunc)) if op.ufunc and not params
                   else self.glob("F", functools.partial(op.impl, self.xp, **params)))
@@ -297,12 +320,14 @@ class _Lowering:
             exec(compile(source, f"<graphdist program {program_id}>", "exec"), self.env)
             sources.insert(0, source)
         fn = self.env["program"]
-        return Program(self.g, fn, "\n\n".join(sources), line_eqns,
-                       self.g.devices[0] if self.g.devices else "cpu:0")
+        program = Program(self.g, fn, "\n\n".join(sources), line_eqns,
+                          self.g.devices[0] if self.g.devices else "cpu:0")
+        program.events = self.events
+        return program
 
 
 CHUNK_LINES = 1000
-_LOCAL = re.compile(r"\b[av]\d+\b")
+_LOCAL = re.compile(r"\b(?:[av]\d+|_t0)\b")   # _t0: a profiled eqn's start time
 
 
 def _split(arg_names, lines, eqns) -> list:
@@ -334,12 +359,13 @@ def _split(arg_names, lines, eqns) -> list:
 
 
 def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None,
-          imports: dict | None = None, exports: dict | None = None) -> Program:
+          imports: dict | None = None, exports: dict | None = None,
+          events: list | None = None) -> Program:
     """Compile a placed one-device graph. `storage` maps each state input Var to the array
     holding that variable's component on this device; `imports`/`exports` connect values
     that cross to or from other devices (inputs listed among the graph's arguments)."""
     fused = config.fused_kernels() if fused is None else fused
-    return _Lowering(g, backend, storage, fused, imports, exports).run()
+    return _Lowering(g, backend, storage, fused, imports, exports, events).run()
 
 
 def program_source(program: Program) -> str:

@@ -1,0 +1,103 @@
+"""Fused host collectives: one placed node that reads every replica's host buffer and writes
+every replica's result in one parallel pass (the CPU counterpart of an NCCL node). Made by
+`HostAllReduce` when it lowers an all_reduce, never by user code; the Numba kernel is compiled
+on first use, so importing this module does not import numba.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from graphdist.ops.collectives import REDUCE_OPS, _same_types
+from graphdist.ops.core import Op, require_float
+
+CHUNK = 1 << 16   # elements per parallel task: the running sum of one task stays in L2
+
+# inputs: one flat buffer per replica (each on its device); outputs: one result per replica,
+# each a Var on its replica's device, all written by the eqn's device.
+host_all_reduce_p = Op("host_all_reduce", collective=True, num_outputs=None,
+                       differentiable=False)
+
+
+@host_all_reduce_p.def_shape
+def _host_all_reduce_shape(*xs, op):
+    if op not in REDUCE_OPS:
+        raise ValueError(f"host_all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
+    if op == "mean":
+        require_float("host_all_reduce[op=mean]", xs[0])
+    return _same_types("host_all_reduce", xs)
+
+
+@host_all_reduce_p.def_impl
+def _host_all_reduce_impl(xp, *xs, op):   # xs: n x (size,)
+    acc = xs[0].copy()
+    for x in xs[1:]:                      # replica order, as the kernel adds
+        acc += x
+    if op == "mean":
+        acc /= acc.dtype.type(len(xs))
+    return tuple(acc.copy() for _ in xs)  # every replica owns its result
+
+
+@host_all_reduce_p.def_out
+def _host_all_reduce_out(xp, outs, *xs, op):
+    if xp.__name__ != "numpy":
+        for out, result in zip(outs, _host_all_reduce_impl(xp, *xs, op=op)):
+            out[...] = result
+        return
+    import numba
+    from numba import typed
+
+    xs = [xp.ascontiguousarray(x) for x in xs]   # one array type per typed List
+
+    count = outs[0].dtype.type(len(xs))
+    # the other replicas wait for this node, so it may use every core, not one worker's share
+    before = numba.get_num_threads()
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    try:
+        _kernel()(typed.List(xs), typed.List(outs), count, op == "mean")
+    finally:
+        numba.set_num_threads(before)
+
+
+host_all_reduce_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
+                                                   2 * sum(t.nbytes for t in ins)))
+
+
+@functools.cache
+def _kernel():
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
+    def all_reduce_into(bufs, outs, count, mean):  # bufs, outs: lists of (n,)
+        n = outs[0].size
+        for c in prange((n + CHUNK - 1) // CHUNK):
+            start, stop = c * CHUNK, min(c * CHUNK + CHUNK, n)
+            acc = outs[0][start:stop]
+            first = bufs[0][start:stop]
+            for i in range(stop - start):
+                acc[i] = first[i]
+            for k in range(1, len(bufs)):
+                b = bufs[k][start:stop]
+                for i in range(stop - start):
+                    acc[i] += b[i]
+            if mean:
+                for i in range(stop - start):
+                    acc[i] /= count
+            for k in range(1, len(outs)):   # the chunk is still in cache: copy it out
+                o = outs[k][start:stop]
+                for i in range(stop - start):
+                    o[i] = acc[i]
+
+    return all_reduce_into
+
+
+def host_all_reduce_ref(xs, op: str = "sum"):
+    """The spec the kernel matches: the sum (or mean) of `xs` added in list order, one copy
+    per input.
+
+    >>> import numpy as np; host_all_reduce_ref([np.ones(2), np.ones(2)])[1]
+    array([2., 2.])
+    """
+    import numpy as np
+
+    return _host_all_reduce_impl(np, *xs, op=op)

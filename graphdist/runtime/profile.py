@@ -1,0 +1,43 @@
+"""Chrome trace events from a profiled run: one lane (thread) per device, one complete
+("X") event per node, with the node's index in the placed graph so a bar can be found in
+the graph views. Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from graphdist.ir import eqn_text
+
+
+def chrome_trace(executable, name: str = "step") -> dict:
+    programs = executable.programs
+    starts = [e[1] for p in programs for e in p.events]
+    origin = min(starts) if starts else 0.0
+    index = {id(eqn): i for i, eqn in enumerate(executable.graph.eqns)}
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"graphdist {name}"}}]
+    for lane, (device, program) in enumerate(zip(executable.devices, programs)):
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": lane,
+                       "args": {"name": device}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": lane,
+                       "args": {"sort_index": lane}})
+        eqns = program.graph.eqns
+        for i, start, end in program.events:
+            eqn = eqns[i]
+            in_types = [v.ty for v in eqn.inputs]
+            flops, nbytes = eqn.op.cost(in_types, [v.ty for v in eqn.outputs], dict(eqn.params))
+            events.append({
+                "name": eqn.op.name, "cat": "collective" if eqn.op.collective else "compute",
+                "ph": "X", "pid": 0, "tid": lane,
+                "ts": (start - origin) * 1e6, "dur": max(0.0, (end - start) * 1e6),
+                "args": {"node": index.get(id(eqn), i), "device": device, "scope": eqn.scope,
+                         "eqn": eqn_text(eqn), "flops": flops, "bytes": nbytes,
+                         "source": eqn.source}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(trace: dict, path) -> str:
+    path = os.fspath(path)
+    with open(path, "w") as f:
+        json.dump(trace, f)
+    return path
