@@ -264,9 +264,12 @@ class Function:
         from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code,
                                       run_passes)
 
-        graph = run_passes(tracer.graph(results), [eliminate_dead_code,
-                                                   eliminate_common_subexpressions,
-                                                   eliminate_dead_code])
+        passes = [eliminate_dead_code, eliminate_common_subexpressions, eliminate_dead_code]
+        if config.fused_kernels():
+            from graphdist.passes.fuse import fuse_optimizer
+
+            passes.append(fuse_optimizer)
+        graph = run_passes(tracer.graph(results), passes)
         return graph, out_tree, kinds, tracer.strategy
 
     # ------------------------------------------------------------ inspection

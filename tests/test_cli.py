@@ -57,7 +57,7 @@ def test_cli_devices(capsys):
 def test_cli_demo_runs_and_prints_graph(capsys):
     assert main(["demo", "--steps", "40"]) == 0
     out = capsys.readouterr().out
-    assert "held-out accuracy" in out and "adam_update" in out and "# dense1" in out
+    assert "held-out accuracy" in out and "adam_multi_update" in out and "# dense1" in out
 
 
 def test_python_dash_m_graphdist():

@@ -105,3 +105,81 @@ adam_p.inplace = {0: 0, 1: 1, 2: 2}
 sgd_p.def_kernel("cpu", "graphdist.ops.optim:sgd_cpu_kernel")
 momentum_p.def_kernel("cpu", "graphdist.ops.optim:momentum_cpu_kernel")
 adam_p.def_kernel("cpu", "graphdist.ops.optim:adam_cpu_kernel")
+
+
+# ---------------------------------------------------------------- multi-tensor forms
+# made by passes/fuse.py: one eqn updates every variable of a device. Inputs are grouped per
+# variable (p0 m0 v0 g0 p1 m1 v1 g1 ...) followed by the shared scalars (lr_t); outputs
+# likewise (p0' m0' v0' p1' ...), each updated in place on its input by the kernel.
+
+class MultiTensor:
+    """The multi-tensor form of a per-variable update op."""
+
+    def __init__(self, single: Op, per_var_inputs: int, shared_inputs: int):
+        self.single = single
+        self.k = per_var_inputs
+        self.shared = shared_inputs
+        self.outs = single.num_outputs
+        self.op = Op(f"{single.name.removesuffix('_update')}_multi_update", num_outputs=None,
+                     differentiable=False)
+        self.op.multi = self
+        self.op.def_shape(self._shape)
+        self.op.def_impl(self._impl)
+        self.op.def_cost(self._cost)
+        self.op.inplace = self._inplace
+
+    def groups(self, ins, n: int):
+        shared = tuple(ins[n * self.k:])
+        return [tuple(ins[j * self.k:(j + 1) * self.k]) + shared for j in range(n)]
+
+    def _shape(self, *ins, n, **params):
+        if len(ins) != n * self.k + self.shared:
+            raise ValueError(f"{self.op.name}: expected {n} x {self.k} + {self.shared} inputs, "
+                             f"got {len(ins)}")
+        return tuple(t for group in self.groups(ins, n)
+                     for t in self.single.out_types(*group, **params))
+
+    def _impl(self, xp, *ins, n, **params):
+        outs = []
+        for group in self.groups(ins, n):
+            out = self.single.impl(xp, *group, **params)
+            outs += list(out) if isinstance(out, tuple) else [out]
+        return tuple(outs)
+
+    def _cost(self, ins, outs, *, n, **params):
+        totals = [self.single.cost(list(g), [], params) for g in self.groups(ins, n)]
+        return sum(t[0] for t in totals), sum(t[1] for t in totals)
+
+    def _inplace(self, params) -> dict:
+        return {j * self.outs + o: j * self.k + o
+                for j in range(dict(params)["n"]) for o in range(self.outs)}
+
+
+sgd_multi = MultiTensor(sgd_p, 2, 0)
+momentum_multi = MultiTensor(momentum_p, 3, 0)
+adam_multi = MultiTensor(adam_p, 4, 1)
+
+
+def sgd_multi_cpu_kernel(*arrays, n, lr, weight_decay):
+    from graphdist.kernels.sgd import sgd_multi_cpu
+
+    sgd_multi_cpu(arrays[0:2 * n:2], arrays[1:2 * n:2], None, lr, 0.0, False, weight_decay)
+
+
+def momentum_multi_cpu_kernel(*arrays, n, lr, momentum, nesterov, weight_decay):
+    from graphdist.kernels.sgd import sgd_multi_cpu
+
+    sgd_multi_cpu(arrays[0:3 * n:3], arrays[2:3 * n:3], arrays[1:3 * n:3], lr, momentum,
+                  nesterov, weight_decay)
+
+
+def adam_multi_cpu_kernel(*arrays, n, lr, beta_1, beta_2, epsilon, weight_decay):
+    from graphdist.kernels.adam import adam_multi_cpu
+
+    adam_multi_cpu(arrays[0:4 * n:4], arrays[3:4 * n:4], arrays[1:4 * n:4], arrays[2:4 * n:4],
+                   arrays[4 * n], beta_1, beta_2, epsilon, lr * weight_decay)
+
+
+sgd_multi.op.def_kernel("cpu", "graphdist.ops.optim:sgd_multi_cpu_kernel")
+momentum_multi.op.def_kernel("cpu", "graphdist.ops.optim:momentum_multi_cpu_kernel")
+adam_multi.op.def_kernel("cpu", "graphdist.ops.optim:adam_multi_cpu_kernel")

@@ -126,7 +126,11 @@ class MultiDeviceExecutable:
 
     def _run_device(self, d: int, args):
         threads.set_numba_threads(self.threads)
-        return self.programs[d](*args)
+        try:
+            return self.programs[d](*args)
+        except BaseException:
+            self._abort()        # wake every device waiting on a value this one will not send
+            raise
 
     def __call__(self, arrays):
         """arrays: the argument arrays of every replica, replica after replica."""

@@ -229,7 +229,8 @@ class _Lowering:
         """A kernel that updates some inputs in place (optimizer updates): donate buffers
         that die here, copy the others first."""
         targets = {}
-        for o, j in eqn.op.inplace.items():
+        inplace = eqn.op.inplace(eqn.params) if callable(eqn.op.inplace) else eqn.op.inplace
+        for o, j in inplace.items():
             v, out = eqn.inputs[j], eqn.outputs[o]
             name = self.ref(v)
             storage_ok = self.sink_storage(out, i, True) == name
