@@ -118,7 +118,7 @@ def test_contexts_inside_run_and_merge_fn(strategy, in_scope):
     s, ctx, cross, has, current = seen["merge"]
     assert s is strategy and ctx is None and cross and has and current is strategy
     assert seen["after merge"] is seen["run"][0]
-    assert not gd.has_strategy() or in_scope is False
+    assert not gd.has_strategy()
 
 
 def test_contexts_restored_after_failing_run(strategy):
@@ -277,6 +277,42 @@ def test_merge_call_regroups_and_splits(strategy):
 
     out = strategy.run(use_result, args=(x,))
     assert [float(v) for v in out.values] == [2.5, 4.5, 6.5, 8.5]
+
+
+def test_merge_call_passes_variables_and_splits_constant_per_replica_results(strategy):
+    with strategy.scope():
+        v = gd.Variable(np.zeros(2, np.float32), name="v")
+    got = {}
+
+    def merge_fn(s, var, value):
+        got["var"] = var
+        var.assign(s.reduce("sum", value))
+        return var.read_value(), gd.PerReplica([np.float32(10 * r) for r in range(4)])
+
+    def replica_fn(x):
+        total, constant = gd.get_replica_context().merge_call(merge_fn, args=(v, x * 1.0))
+        return total, x + constant
+
+    x = _per_replica(strategy, lambda r: np.full(2, r + 1, np.float32))
+    total, mixed = strategy.run(replica_fn, args=(x,))
+    assert got["var"] is v, "a mirrored variable reaches merge_fn as itself"
+    np.testing.assert_array_equal(total, [10.0, 10.0])
+    assert [c.tolist() for c in v.values] == [[10.0, 10.0]] * 4
+    assert [v.tolist() for v in mixed.values] == [[1.0, 1.0], [12.0, 12.0], [23.0, 23.0],
+                                                  [34.0, 34.0]]
+
+
+def test_per_replica_constants_made_inside_a_function(strategy):
+    @gd.function
+    def f(x):
+        per = strategy.experimental_distribute_values_from_function(
+            lambda ctx: np.full(2, ctx.replica_id_in_sync_group, np.float32))
+        same = gd.PerReplica([np.float32(2.0)] * 4)
+        return strategy.run(lambda a, b: x * b + a, args=(per, same))
+
+    out = f(np.ones(2, np.float32))
+    assert [v.tolist() for v in out.values] == [[2.0, 2.0], [3.0, 3.0], [4.0, 4.0],
+                                                [5.0, 5.0]]
 
 
 def test_merge_call_on_default_and_one_device_context():
@@ -449,6 +485,17 @@ def test_sync_on_read_counts_examples(strategy):
         step(batch)
     assert [float(c) for c in seen.values] == [6.0, 6.0, 4.0, 4.0]
     assert seen.numpy() == 20.0
+
+
+@pytest.mark.parametrize("aggregation, expected", [
+    (Agg.SUM, 8.0), (Agg.MEAN, 2.0), (Agg.ONLY_FIRST_REPLICA, 0.0)])
+def test_sync_on_read_read_in_a_function_without_run(strategy, aggregation, expected):
+    v = _on_read(strategy, aggregation)
+    for c, value in zip(v.values, [0.0, 1.0, 3.0, 4.0]):
+        c[...] = value
+    out = gd.function(lambda: v.read_value() * 1.0)()
+    assert not isinstance(out, gd.PerReplica)
+    assert float(out) == expected and v.numpy() == expected
 
 
 @pytest.mark.parametrize("traced", [False, True])

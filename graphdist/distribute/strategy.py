@@ -49,9 +49,39 @@ def map_structure(fn, value):
     return fn(value)
 
 
-def _local(value):
-    """A LocalValue or PerReplica argument -> what replica 0's code sees."""
-    return map_structure(lambda v: v.values[0] if isinstance(v, PerReplica) else v, value)
+def _local(value, n: int = 1):
+    """A LocalValue or PerReplica argument -> what replica 0's code sees. In a trace with
+    n > 1 replicas a PerReplica of n values (numpy constants, say) becomes a selection by
+    replica id, so that every replica's clone of the code sees its own component."""
+    def local(v):
+        if not isinstance(v, PerReplica):
+            return v
+        if isinstance(v, LocalValue) or n == 1 or len(v.values) == 1:
+            return v.values[0]
+        return _select_by_replica(v.values, n)
+
+    return map_structure(local, value)
+
+
+def _select_by_replica(values, n: int):
+    if len(values) != n:
+        raise ValueError(f"a PerReplica of {len(values)} values given to {n} replicas")
+    if all(not isinstance(x, Symbolic) for x in values):
+        arrays = [np.asarray(x) for x in values]
+        if all(a.dtype == arrays[0].dtype and np.array_equal(a, arrays[0]) for a in arrays):
+            return values[0]
+        if any(a.shape != arrays[0].shape for a in arrays):
+            raise ValueError("a PerReplica of constants with different shapes "
+                             f"{[a.shape for a in arrays]} cannot be used in traced code; "
+                             "pass it to the gd.function as an argument instead")
+    from graphdist.ops.collectives import replica_id
+    from graphdist.ops.math import equal, where
+
+    rid = replica_id()
+    out = values[0]
+    for k in range(1, n):
+        out = where(equal(rid, np.int32(k)), values[k], out)
+    return out
 
 
 def _is_mirrored_tensor(t) -> bool:
@@ -105,12 +135,14 @@ class ReplicaContext:
         kwargs = kwargs or {}
         spmd = current_tracer() is not None and self.num_replicas_in_sync > 1
         if spmd:
-            regroup = (lambda v: LocalValue((v,)) if isinstance(v, Symbolic) else v)
+            # per-replica tensors are regrouped; variables and mirrored values pass as they are
+            regroup = (lambda v: LocalValue((v,)) if isinstance(v, Symbolic)
+                       and not _is_mirrored_tensor(v) else v)
             args = map_structure(regroup, args)
             kwargs = map_structure(regroup, kwargs)
         with context.entered(self.strategy, None):
             result = merge_fn(self.strategy, *args, **kwargs)
-        return _local(result) if spmd else result
+        return _local(result, self.num_replicas_in_sync) if spmd else result
 
 
 class Strategy:
@@ -156,7 +188,8 @@ class Strategy:
             if self.num_replicas_in_sync > 1:
                 tracer.strategy = self
             with context.entered(self, ReplicaContext(self, 0)):
-                out = fn(*_local(args), **_local(kwargs))
+                n = self.num_replicas_in_sync
+                out = fn(*_local(args, n), **_local(kwargs, n))
             if self.num_replicas_in_sync == 1:
                 return out
             return map_structure(lambda v: LocalValue((v,)) if isinstance(v, Symbolic)

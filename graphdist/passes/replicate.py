@@ -101,6 +101,14 @@ def _lower_collective(b: Builder, colls, maps, devices, cross_device_ops) -> Non
         if c is None or c.op is not first.op or c.params != first.params:
             raise GraphError(f"replicate: replicas disagree on a collective: {first} vs {c}")
     xs = [_mapped(maps[d], c.inputs[0]) for d, c in enumerate(colls)]
+    for d, x in enumerate(xs[1:], start=1):
+        if x.ty != xs[0].ty:   # a user error (e.g. per-example values of uneven shards)
+            from graphdist.errors import ShapeError
+
+            raise ShapeError(f"{first.op}: replicas disagree on the value's type: {xs[0].ty} "
+                             f"on {devices[0]}, {x.ty} on {devices[d]}; reduce per-example "
+                             "values first (e.g. strategy.reduce(op, value, axis=0))"
+                             + (f"\n  traced at  {first.source}" if first.source else ""))
     params = dict(first.params)
     scope, b.scope = b.scope, "collectives"
     if first.op == "all_reduce":

@@ -1,0 +1,118 @@
+"""The MLP 784-1024-1024-10 step, global batch 512, on 4 logical CPU devices with
+MirroredStrategy against graphdist's own one-device step (target: within 1.15x), and the
+peers on the same model and machine in the same run: TensorFlow (tf.function and
+MirroredStrategy x4 with ReductionToOneDevice) and JAX (jit and pmap over 4 host devices).
+
+Peers run in subprocesses of the benchmark environment's Python (`.venv-bench/bin/python`
+or $GRAPHDIST_PEER_PYTHON); graphdist never depends on them.
+
+    python -m bench.mirrored_mlp [--no-peers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import graphdist as gd
+from bench.common import interleaved, save, table
+from bench.peers.common import BATCH, SIZES, data, init
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_step(strategy, optimizer: str):
+    with strategy.scope():
+        ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(init())]
+        opt = (gd.optimizers.Adam(1e-3) if optimizer == "adam"
+               else gd.optimizers.SGD(0.01, momentum=0.9))
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                h = x
+                for i in range(0, len(ws), 2):
+                    h = h @ ws[i] + ws[i + 1]
+                    if i + 2 < len(ws):
+                        h = gd.relu(h)
+                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, h))
+            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+            return loss
+        return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
+
+    return step, ws
+
+
+def peer_python() -> str | None:
+    explicit = os.environ.get("GRAPHDIST_PEER_PYTHON")
+    if explicit:
+        return explicit
+    local = ROOT / ".venv-bench" / "bin" / "python"
+    return str(local) if local.exists() else None
+
+
+def run_peer(python: str, module: str, *args) -> dict | None:
+    try:
+        done = subprocess.run([python, "-m", module, *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return None
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"peer {module} {args} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+    return None
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args(argv)
+    x, y = data()
+    one = gd.OneDeviceStrategy("cpu:0")
+    four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+    batch4 = next(iter(four.experimental_distribute_dataset([(x, y)])))
+    results, rows = {}, []
+    for optimizer in ("adam", "momentum"):
+        s1, w1 = make_step(one, optimizer)
+        s4, w4 = make_step(four, optimizer)
+        for _ in range(3):                    # the same three steps: same parameters
+            s1((x, y))
+            s4(batch4)
+        diff = max(float(np.max(np.abs(a.numpy() - b.numpy()))) for a, b in zip(w1, w4))
+        t = interleaved({"graphdist 1 device": lambda: s1((x, y)),
+                         "graphdist Mirrored x4": lambda: s4(batch4)}, repeat=args.repeat)
+        base = t["graphdist 1 device"]["median_s"]
+        entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
+        entry["max_param_diff_after_3_steps"] = diff
+        python = None if args.no_peers else peer_python()
+        if python:
+            for module, devices in (("bench.peers.jax_mlp", 1), ("bench.peers.jax_mlp", 4),
+                                    ("bench.peers.tf_mlp", 1), ("bench.peers.tf_mlp", 4)):
+                r = run_peer(python, module, "--devices", str(devices), "--optimizer",
+                             optimizer)
+                if r:
+                    entry[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
+        results[optimizer] = entry
+        for name, r in entry.items():
+            if isinstance(r, dict):
+                rows.append([optimizer, name, r["median_s"] * 1e3, r["min_s"] * 1e3,
+                             r["vs_graphdist_1"]])
+    text = table(f"MLP {'-'.join(map(str, SIZES))}, global batch {BATCH}, 4 logical CPU "
+                 f"devices vs one (median of {args.repeat}; target Mirrored x4 <= 1.15x)",
+                 ["optimizer", "contender", "median ms", "min ms", "vs graphdist 1 dev"],
+                 rows)
+    save("mirrored_mlp", {"results": results, "table": text})
+    return results
+
+
+if __name__ == "__main__":
+    main()

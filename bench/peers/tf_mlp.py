@@ -1,0 +1,70 @@
+"""TensorFlow: the MLP step as a tf.function, on one device or MirroredStrategy over N
+logical CPU devices.
+
+    python -m bench.peers.tf_mlp --devices 4 --optimizer adam
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--optimizer", default="adam")
+    ap.add_argument("--cross-device-ops", default="reduction_to_one_device")
+    args = ap.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    from bench.peers.common import LR, data, init, report, time_steps
+
+    n = args.devices
+    cpus = tf.config.list_physical_devices("CPU")
+    if n > 1:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        ops = {"reduction_to_one_device": tf.distribute.ReductionToOneDevice(),
+               "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce()}[
+                   args.cross_device_ops]
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)],
+                                                  cross_device_ops=ops)
+    else:
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    x, y = data()
+    with strategy.scope():
+        params = [tf.Variable(p) for p in init()]
+        opt = (tf.keras.optimizers.Adam(LR, epsilon=1e-7) if args.optimizer == "adam"
+               else tf.keras.optimizers.SGD(0.01, momentum=0.9))
+        opt.build(params)
+
+    def replica_fn(xb, yb):
+        with tf.GradientTape() as tape:
+            h = xb
+            for i in range(0, len(params), 2):
+                h = h @ params[i] + params[i + 1]
+                if i + 2 < len(params):
+                    h = tf.nn.relu(h)
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=h))
+        grads = tape.gradient(loss, params)
+        opt.apply_gradients(zip(grads, params))
+        return loss
+
+    @tf.function
+    def step(batch):
+        per_replica = strategy.run(replica_fn, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    batches = iter(strategy.experimental_distribute_dataset(dataset))
+    batch = next(batches)
+    r = time_steps(lambda: step(batch), sync=lambda loss: loss.numpy())
+    name = f"TF {'tf.function' if n == 1 else f'MirroredStrategy x{n} ({args.cross_device_ops})'}"
+    report({"peer": name, "devices": n, "optimizer": args.optimizer, **r})
+
+
+if __name__ == "__main__":
+    main()

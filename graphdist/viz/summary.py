@@ -1,0 +1,150 @@
+"""g.summary(): op counts per device, FLOPs and bytes per device, the bytes each collective
+moves between devices, and each device's peak live bytes from the schedule's liveness.
+`stats(g)` returns the same numbers as a dict; `summary(g)` formats them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from graphdist.ir import Graph
+from graphdist.viz.model import COLLECTIVES_SCOPE, human_bytes, human_count, read
+
+
+def peak_bytes(g: Graph) -> dict:
+    """Device -> most bytes of eqn-made buffers alive at once on it. Lifetimes come from the
+    schedule's liveness in program order; each buffer counts on the device that holds it, so
+    a one-device graph gives exactly `liveness(g).peak_bytes`."""
+    from graphdist.passes.schedule import liveness
+
+    lv = liveness(g)
+    dying: dict = {}
+    for r, i in lv.last_use.items():
+        dying.setdefault(i, []).append(r)
+    inputs = set(g.inputs)
+    devices = list(dict.fromkeys([*g.devices, *(e.device for e in g.eqns)])) or [None]
+    live, peak, owner = Counter(), dict.fromkeys(devices, 0), {}
+    for i, eqn in enumerate(g.eqns):
+        for v in eqn.outputs:
+            if lv.root[v] is v:
+                d = owner[v] = v.device if v.device is not None else eqn.device
+                live[d] += v.ty.nbytes
+                peak[d] = max(peak.get(d, 0), live[d])
+        for r in dying.get(i, ()):
+            if r not in inputs and r in owner:
+                live[owner[r]] -= r.ty.nbytes
+    return peak
+
+
+def _collective_groups(view) -> list:
+    """The collectives of the graph, each as the list of its nodes: a logical or fused node
+    alone, or a lowered one as the consecutive run of eqns in the collectives scope."""
+    groups, run = [], []
+    for n in view.nodes:
+        if n.index is None:
+            continue
+        lowered = n.scope == COLLECTIVES_SCOPE or n.scope.endswith("/" + COLLECTIVES_SCOPE)
+        if lowered:
+            run.append(n)
+            continue
+        if run:
+            groups.append(run)
+            run = []
+        if n.kind in ("collective", "copy"):
+            groups.append([n])
+    if run:
+        groups.append(run)
+    return groups
+
+
+def _describe(nodes) -> dict:
+    main = [n for n in nodes if n.kind == "copy" or n.spanning or n.op in
+            ("all_reduce", "broadcast")] or nodes
+    counts = Counter(n.op for n in nodes)
+    first = max(main, key=lambda n: sum(t.nbytes for t in n.types))
+    head = f"{first.op}[{first.params}]" if first.params else first.op
+    payload = max((t.nbytes for n in main for t in n.types[:1]), default=0)
+    return {"op": head, "ops": dict(counts), "type": str(first.types[0]) if first.types else "",
+            "payload": payload, "moved": sum(n.moved for n in nodes),
+            "devices": sorted({d for n in nodes for d in n.devices}, key=str),
+            "nodes": [n.name for n in nodes]}
+
+
+def stats(g: Graph) -> dict:
+    """The numbers summary() prints: per-device op counts, FLOPs, bytes touched, peak live
+    bytes, and one entry per collective (payload bytes and bytes moved between devices)."""
+    view = read(g)
+    lanes = view.lanes
+    ops = {d: Counter() for d in lanes}
+    flops = dict.fromkeys(lanes, 0)
+    touched = dict.fromkeys(lanes, 0)
+    for n in view.nodes:
+        if n.index is None:
+            continue
+        ops[n.device][n.op] += 1
+        flops[n.device] += n.flops
+        touched[n.device] += n.bytes
+    colls = [_describe(c) for c in _collective_groups(view)]
+    return {"devices": lanes, "eqns": len(g.eqns), "inputs": len(g.inputs),
+            "ops": {d: dict(c) for d, c in ops.items()}, "flops": flops, "bytes": touched,
+            "peak_bytes": peak_bytes(g), "collectives": colls,
+            "moved": sum(c["moved"] for c in colls)}
+
+
+def _table(rows, header) -> list:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+                              for i, (c, w) in enumerate(zip(r, widths)))
+    return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
+
+
+def summary(g: Graph, max_ops: int = 30) -> str:
+    """A printable overview of `g`.
+
+        >>> print(f.replicated_graph.summary())
+    """
+    s = stats(g)
+    lanes = s["devices"]
+    label = ["logical" if d is None else str(d) for d in lanes]
+    head = f"graph: {s['eqns']} eqns, {s['inputs']} inputs"
+    head += f" on {len(lanes)} devices" if lanes != [None] else " (logical, not placed)"
+    lines = [head, ""]
+    total = Counter()
+    for c in s["ops"].values():
+        total.update(c)
+    many = len(lanes) > 1
+    names = [op for op, _ in total.most_common()]
+    rows = [[op, *(s["ops"][d].get(op, 0) for d in lanes)] + ([total[op]] if many else [])
+            for op in names[:max_ops]]
+    if len(names) > max_ops:
+        rest = names[max_ops:]
+        rows.append([f"({len(rest)} more ops)",
+                     *(sum(s["ops"][d].get(op, 0) for op in rest) for d in lanes)]
+                    + ([sum(total[op] for op in rest)] if many else []))
+    rows.append(["all ops", *(sum(s["ops"][d].values()) for d in lanes)]
+                + ([sum(total.values())] if many else []))
+    cols = label + (["total"] if many else [])
+    lines += _table(rows, ["op", *cols])
+    lines.append("")
+    per = [("FLOPs", s["flops"], human_count), ("bytes touched", s["bytes"], human_bytes),
+           ("peak live bytes", s["peak_bytes"], human_bytes)]
+    rows = []
+    for title, values, fmt in per:
+        vals = [values.get(d, 0) for d in lanes]
+        tot = [sum(vals)] if many and title != "peak live bytes" else ([""] if many else [])
+        rows.append([title, *(f"{v:,}" for v in vals), *(f"{v:,}" if v != "" else v for v in tot)])
+        rows.append(["", *(fmt(v) for v in vals), *(fmt(v) if v != "" else v for v in tot)])
+    lines += _table(rows, ["per device", *cols])
+    lines.append("")
+    colls = s["collectives"]
+    lines.append(f"collectives: {len(colls)}, {s['moved']:,} bytes moved between devices "
+                 f"({human_bytes(s['moved'])})")
+    if colls:
+        rows = []
+        for k, c in enumerate(colls):
+            steps = ", ".join(f"{op} x{n}" for op, n in sorted(c["ops"].items(),
+                                                                 key=lambda kv: -kv[1]))
+            rows.append([f"#{k}", c["op"], c["type"], f"{c['payload']:,}",
+                         f"{c['moved']:,} ({human_bytes(c['moved'])})", steps])
+        lines += ["  " + r for r in _table(rows, ["", "collective", "type", "payload B",
+                                                  "moved B", "nodes"])]
+    return "\n".join(lines)
