@@ -89,6 +89,14 @@ def train(devices: int = 1, steps: int = 300, batch_size: int = 128, learning_ra
             "strategy": strategy}
 
 
+def traced_step(devices: int = 1):
+    """The example's compiled step, traced on one batch (for `graphdist show`):
+
+        graphdist show graphdist.examples.mlp_digits:traced_step --devices 4
+    """
+    return train(devices, steps=1)["train_step"]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=1)

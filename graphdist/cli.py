@@ -51,8 +51,14 @@ def _load(spec: str):
 
 
 def _show(args) -> int:
+    """MODULE:FUNCTION names a traced gd.function, or a callable taking the device count
+    and returning one (or a gd.Graph); shows its replicated graph when devices > 1."""
     target = _load(args.target)
-    graph = target(args.devices) if not hasattr(target, "graph") else target.graph
+    if not hasattr(target, "graph") and not hasattr(target, "eqns"):
+        target = target(args.devices)
+    graph = target
+    if hasattr(target, "replicated_graph"):
+        graph = target.replicated_graph if args.devices > 1 else target.graph
     print(graph)
     if args.dot:
         with open(args.dot, "w") as f:

@@ -246,7 +246,8 @@ class Function:
         indices, paths, view_tree = flatten(view)
         tracer = Tracer()
         with tracing(tracer):
-            traced = [tracer.new_arg(ArrayType(specs[i][1], specs[i][2]), self._path_name(p))
+            traced = [tracer.new_arg(ArrayType(specs[i][1], specs[i][2]),
+                                     self._path_name(p.replace(".values[0]", "")))
                       if specs[i][0] == "array" else leaves[i] for i, p in zip(indices, paths)]
             t_args, t_kwargs = unflatten(view_tree, traced)
             out = self.fn(*t_args, **t_kwargs)
@@ -264,7 +265,10 @@ class Function:
         from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code,
                                       run_passes)
 
-        passes = [eliminate_dead_code, eliminate_common_subexpressions, eliminate_dead_code]
+        from graphdist.passes.simplify import simplify
+
+        passes = [eliminate_dead_code, eliminate_common_subexpressions, simplify,
+                  eliminate_common_subexpressions, eliminate_dead_code]
         if config.fused_kernels():
             from graphdist.passes.fuse import fuse_optimizer
 

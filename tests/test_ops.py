@@ -367,6 +367,10 @@ CASES = {
 INTERNAL_TESTED_ELSEWHERE = {
     "read_var": "tests/test_variables.py (needs a gd.Variable param)",
     "assign_var": "tests/test_variables.py (needs a gd.Variable param)",
+    "sgd_multi_update": "tests/test_fuse.py (made by fuse_optimizer, checked vs unfused)",
+    "sgd_momentum_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
+    "adam_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
+    "host_all_reduce": "tests/test_cross_device_ops.py (a lowering of all_reduce)",
 }
 
 

@@ -57,7 +57,6 @@ def _model_step(strategy, x_rows=8):
             with gd.name_scope("layer"):
                 h = gd.tanh(x @ w + b)
                 loss = gd.reduce_mean(h * h)
-            grads = gd.GradientTape  # noqa: F841 - the tape below is what runs
             with gd.GradientTape() as tape:
                 with gd.name_scope("layer"):
                     loss = gd.reduce_mean(gd.tanh(x @ w + b) ** 2)
@@ -222,6 +221,25 @@ def test_replica_id_becomes_per_device_constants():
         assert int(lit.value) == DEVICES.index(eqn.device)
 
 
+def _momentum_step_text(strategy):
+    with strategy.scope():
+        w = gd.Variable(np.ones((3, 2), np.float32), name="w")
+        opt = gd.optimizers.SGD(0.1, momentum=0.9)
+
+    @gd.function
+    def step(x):
+        def replica_fn(x):
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_sum(x @ w)
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+            return loss
+
+        return strategy.run(replica_fn, args=(x,))
+
+    step(next(iter(strategy.experimental_distribute_dataset([np.ones((8, 3), np.float32)]))))
+    return str(step.replicated_graph)
+
+
 def test_text_form_names_replicas_and_devices():
     strategy = gd.MirroredStrategy(list(DEVICES), cross_device_ops=gd.ReductionToOneDevice())
     step, batch, _, _ = _model_step(strategy)
@@ -238,9 +256,30 @@ def test_text_form_names_replicas_and_devices():
     logical_text = str(step.graph)
     assert "@0" not in logical_text and " on cpu" not in logical_text.splitlines()[0]
     assert "all_reduce" in logical_text
-    # every eqn of the placed graph is one line of the text
-    body = [line for line in text.splitlines()[1:-2] if not line.strip().startswith("#")]
-    assert len(body) == len(step.replicated_graph.eqns)
+    # the same logical value has the same name on every device (no clash with the names of
+    # the collectives' temporaries), so identical replicas fold, the optimizer tail included
+    assert "_1@" not in text
+    folds = [line for line in text.splitlines() if "same" in line and "eqns as cpu:0" in line]
+    assert len(folds) >= 3 and any("@0 -> @3" in line for line in folds), text
+    tail = _momentum_step_text(strategy)
+    lines = tail.splitlines()
+    after = lines[max(i for i, line in enumerate(lines) if line == "  # collectives"):]
+    assert any("same" in line and "@0 -> @3" in line for line in after), tail
+    assert "_1@" not in tail
+
+
+def test_text_form_is_one_line_per_eqn():
+    # the gradient of reduce_mean makes an array constant: it must print on one line too
+    from graphdist.ir.printer import graph_text
+
+    strategy = gd.MirroredStrategy(list(DEVICES), cross_device_ops=gd.ReductionToOneDevice())
+    step, batch, _, _ = _model_step(strategy)
+    step(batch)
+    g = step.replicated_graph
+    unfolded = graph_text(g, None, fold=False)
+    body = [line for line in unfolded.splitlines()[1:-2] if not line.strip().startswith("#")]
+    assert len(body) == len(g.eqns), [line for line in body if "=" not in line]
+    assert "_1@" not in unfolded
 
 
 # ---------------------------------------------------------------- semantics
@@ -326,6 +365,21 @@ def test_replicate_directly_on_logical_graphs():
     assert "@2" not in str(two)
     with pytest.raises(GraphError):
         replicate([g3] * 3, DEVICES, lowering)
+
+
+@pytest.mark.parametrize("shape_b", [(2,), (3,)])
+def test_replicate_rejects_replicas_that_captured_different_variables(shape_b):
+    strategy = gd.MirroredStrategy(list(DEVICES[:2]))
+    with strategy.scope():
+        a = gd.Variable(np.zeros(2, np.float32), name="a")
+        b = gd.Variable(np.zeros(shape_b, np.float32), name="b")
+    graphs = []
+    for v in (a, b):
+        f = gd.function(lambda v=v: strategy.run(lambda: v.read_value() * 2.0))
+        f()
+        graphs.append(f.graph)
+    with pytest.raises(GraphError, match="variables"):
+        replicate(graphs, DEVICES[:2], gd.ReductionToOneDevice())
 
 
 def test_replicate_rejects_replicas_that_disagree_on_collectives():

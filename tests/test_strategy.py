@@ -370,6 +370,38 @@ def test_reduce_eagerly_on_per_replica_numpy_values(strategy):
         strategy.reduce("max", even)
 
 
+def test_reduce_structures_leaf_by_leaf(strategy):
+    per = gd.PerReplica([np.float32(r) for r in range(4)])
+    out = strategy.reduce("sum", (per, {"a": per, "b": [per]}))
+    assert float(out[0]) == 6.0 and float(out[1]["a"]) == 6.0 and float(out[1]["b"][0]) == 6.0
+
+    @gd.function
+    def f(x):
+        pair = strategy.run(lambda x: (gd.reduce_sum(x), {"twice": gd.reduce_sum(x) * 2.0}),
+                            args=(x,))
+        return strategy.reduce("mean", pair), strategy.reduce("sum", pair[0])
+
+    (batch,) = strategy.experimental_distribute_dataset([np.arange(8, dtype=np.float32)])
+    (mean, twice), total = f(batch)
+    assert float(mean) == 7.0 and float(twice["twice"]) == 14.0 and float(total) == 28.0
+
+
+def test_batch_smaller_than_replica_count(strategy):
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    (batch,) = strategy.experimental_distribute_dataset([x])
+    assert [v.shape for v in batch.values] == [(1, 2), (1, 2), (1, 2), (0, 2)]
+
+    @gd.function
+    def f(b):
+        per = strategy.run(lambda x: x * 2.0, args=(b,))
+        return strategy.reduce("mean", per, axis=0), strategy.reduce("sum", per, axis=0), per
+
+    mean, total, per = f(batch)
+    np.testing.assert_array_equal(mean, 2 * x.mean(0))
+    np.testing.assert_array_equal(total, 2 * x.sum(0))
+    assert per.values[3].shape == (0, 2)
+
+
 def test_gather(strategy):
     shards = np.split(UNEVEN, [3, 6, 8])
     np.testing.assert_array_equal(strategy.gather(gd.PerReplica(shards), axis=0), UNEVEN)

@@ -207,6 +207,8 @@ class Strategy:
         """Reduce a per-replica value across replicas (and along `axis` of every component:
         MEAN with axis=0 is the mean over every example of the global batch)."""
         op = _reduce_op(op)
+        if isinstance(value, (list, tuple, dict)):   # a structure (as run returns): each leaf
+            return map_structure(lambda v: self.reduce(op, v, axis), value)
         tracer = current_tracer()
         if tracer is not None:
             if self.num_replicas_in_sync > 1:

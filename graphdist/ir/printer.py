@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from graphdist.ir.graph import Eqn, Graph, Lit, Var
 
 
@@ -69,41 +71,104 @@ def _binder(namer: Namer, v: Var) -> str:
     return f"{namer(v)}:{v.ty}"
 
 
-def eqn_text(eqn: Eqn, namer: Namer | None = None) -> str:
+def eqn_text(eqn: Eqn, namer: Namer | None = None, device: bool = True) -> str:
     namer = namer or Namer()
     params = ",".join(f"{k}={param_text(v)}" for k, v in eqn.params)
     outs = " ".join(_binder(namer, v) for v in eqn.outputs)
     ins = " ".join(namer(v) for v in eqn.inputs)
     head = f"{eqn.op}[{params}]" if params else f"{eqn.op}"
     text = f"{outs} = {head} {ins}".rstrip()
-    return text + (f"   # {eqn.device}" if eqn.device else "")
+    return text + (f"   # {eqn.device}" if eqn.device and device else "")
 
 
-def graph_text(g: Graph, max_eqns: int | None = 400) -> str:
+_REPLICA = re.compile(r"@(\d+)\b")
+
+
+def _fold_binders(namer: Namer, vs, n: int) -> str:
+    """'x@0:f32[4], x@1:f32[4]' -> 'x@0..1:f32[4]' when every replica has the same type."""
+    seen: dict = {}
+    for v in vs:
+        name = namer(v)
+        base = _REPLICA.sub("", name)
+        seen.setdefault((base, str(v.ty)), []).append(name)
+    parts = []
+    for (base, ty), names in seen.items():
+        if n > 1 and len(names) == n:
+            parts.append(f"{base}@0..{n - 1}:{ty}")
+        else:
+            parts += [f"{name}:{ty}" for name in names]
+    return ", ".join(parts)
+
+
+def _runs(eqns):
+    """Consecutive eqns on one device outside the collectives: (device, collective?, eqns)."""
+    runs = []
+    for eqn in eqns:
+        key = (eqn.device, eqn.scope == "collectives" or eqn.op.collective)
+        if runs and runs[-1][0] == key:
+            runs[-1][1].append(eqn)
+        else:
+            runs.append((key, [eqn]))
+    return runs
+
+
+def graph_text(g: Graph, max_eqns: int | None = 400, fold: bool = True) -> str:
+    """The text form (docs/ir.md). With several devices, a replica whose eqns repeat
+    replica 0's (names @0 -> @k) is folded into one comment line unless fold=False."""
     namer = Namer(g.devices)
-    args = ", ".join(_binder(namer, v) for v in g.inputs[: g.num_args])
-    state = ", ".join(_binder(namer, v) for v in g.inputs[g.num_args:])
+    n = len(g.devices)
+    multi = n > 1
+    fold = fold and multi
+    args = _fold_binders(namer, g.inputs[: g.num_args], n if fold else 0)
+    state = _fold_binders(namer, g.inputs[g.num_args:], n if fold else 0)
     head = f"graph({args}" + (f"; vars {state}" if state else "") + ")"
     if g.devices:
         head += " on " + ",".join(g.devices)
-    lines = [head + " {"]
-    eqns = g.eqns
-    hidden = 0
-    if max_eqns is not None and len(eqns) > max_eqns:
-        hidden = len(eqns) - max_eqns
-        eqns = eqns[: max_eqns // 2] + eqns[len(eqns) - max_eqns // 2:]
-    scope = ""
-    for i, eqn in enumerate(eqns):
-        if hidden and i == max_eqns // 2:
-            lines.append(f"  ... {hidden} eqns elided (print with gd.ir.graph_text(g, None)) ...")
-        if eqn.scope != scope:
-            scope = eqn.scope
-            lines.append(f"  # {scope}" if scope else "  #")
-        lines.append("  " + eqn_text(eqn, namer))
+    body: list[str] = []
+    if not multi:
+        scope = ""
+        for eqn in g.eqns:
+            if eqn.scope != scope:
+                scope = eqn.scope
+                body.append(f"  # {scope}" if scope else "  #")
+            body.append("  " + eqn_text(eqn, namer))
+    else:
+        first_run: list[str] | None = None
+        for (device, collective), run in _runs(g.eqns):
+            if collective:
+                body.append("  # collectives")
+                body += ["  " + eqn_text(e, namer) for e in run]
+                first_run = None
+                continue
+            texts = [eqn_text(e, namer, device=False) for e in run]
+            k = g.devices.index(device) if device in g.devices else -1
+            if k == 0 or first_run is None:
+                first_run = [_REPLICA.sub("@0", t) for t in texts] if k == 0 else None
+            elif fold and [_REPLICA.sub("@0", t) for t in texts] == first_run:
+                body.append(f"  # replica {device}: same {len(run)} eqns as {g.devices[0]}, "
+                            f"@0 -> @{k}")
+                continue
+            body.append(f"  # replica {device}")
+            scope = ""
+            for e, t in zip(run, texts):
+                if e.scope != scope:
+                    scope = e.scope
+                    body.append(f"  # {scope}" if scope else "  #")
+                body.append("  " + t)
+    if max_eqns is not None and len(body) > max_eqns:
+        hidden = len(body) - max_eqns
+        body = body[: max_eqns // 2] + [
+            f"  ... {hidden} lines elided (print with gd.ir.graph_text(g, None)) ..."
+        ] + body[len(body) - max_eqns // 2:]
     results = " ".join(namer(v) for v in g.outputs[: g.num_results])
     updates = [f"{var.name} := {namer(new)}"
-               for var, old, new in zip(g.variables, g.inputs[g.num_args:], g.outputs[g.num_results:])
+               for var, old, new in zip(g.variables, g.inputs[g.num_args:],
+                                        g.outputs[g.num_results:])
                if new is not old]
-    lines.append(f"  return {results}".rstrip() + ("; " + ", ".join(updates) if updates else ""))
-    lines.append("}")
-    return "\n".join(lines)
+    if fold and updates and len(updates) % n == 0:
+        per = len(updates) // n
+        folded = [_REPLICA.sub("@0", u) for u in updates]
+        if all(folded[i] == folded[i % per] for i in range(len(folded))):
+            updates = [u.replace("@0", f"@0..{n - 1}") for u in updates[:per]]
+    tail = f"  return {results}".rstrip() + ("; " + ", ".join(updates) if updates else "")
+    return "\n".join([head + " {", *body, tail, "}"])

@@ -33,7 +33,9 @@ def replicate(graphs: list[Graph], devices: tuple, cross_device_ops) -> Graph:
         raise GraphError(f"replicate: {len(graphs)} graphs for {n} devices")
     variables = graphs[0].variables
     for g in graphs[1:]:
-        if g.variables != variables:
+        # by identity: Variable's == is the elementwise gd.equal
+        if len(g.variables) != len(variables) or any(
+                a is not b for a, b in zip(g.variables, variables)):
             raise GraphError("replicate: replicas captured different variables")
     maps = [dict() for _ in range(n)]
 
@@ -58,7 +60,7 @@ def replicate(graphs: list[Graph], devices: tuple, cross_device_ops) -> Graph:
                 _clone_eqn(b, d, eqn, maps[d], names[d], devices)
         colls = [segments[d][k][1] for d in range(n)]
         if colls[0] is not None:
-            _lower_collective(b, colls, maps, devices, cross_device_ops)
+            _lower_collective(b, colls, maps, devices, cross_device_ops, names)
     outputs = []
     for d, g in enumerate(graphs):
         outputs += [_mapped(maps[d], v) for v in g.outputs[: g.num_results]]
@@ -95,7 +97,7 @@ def _with(new_eqn, old_eqn, hints):
     return replace(new_eqn, outputs=outs, scope=old_eqn.scope, source=old_eqn.source)
 
 
-def _lower_collective(b: Builder, colls, maps, devices, cross_device_ops) -> None:
+def _lower_collective(b: Builder, colls, maps, devices, cross_device_ops, names) -> None:
     first = colls[0]
     for c in colls[1:]:
         if c is None or c.op is not first.op or c.params != first.params:
@@ -111,6 +113,7 @@ def _lower_collective(b: Builder, colls, maps, devices, cross_device_ops) -> Non
                              + (f"\n  traced at  {first.source}" if first.source else ""))
     params = dict(first.params)
     scope, b.scope = b.scope, "collectives"
+    start = len(b.eqns)
     if first.op == "all_reduce":
         results = cross_device_ops.all_reduce(b, xs, params["op"], devices)
     elif first.op == "broadcast":
@@ -118,5 +121,30 @@ def _lower_collective(b: Builder, colls, maps, devices, cross_device_ops) -> Non
     else:
         raise GraphError(f"replicate: no lowering for collective '{first.op}'")
     b.scope = scope
+    results = _name_lowering(b, start, results, [names[d](c.outputs[0])
+                                                 for d, c in enumerate(colls)])
     for d, c in enumerate(colls):
         maps[d][c.outputs[0]] = results[d]
+
+
+def _name_lowering(b: Builder, start: int, results: list, bases: list) -> list:
+    """Name what a lowering made: each device's result takes the logical output's name (so
+    the code after it reads alike on every device), temporaries `<name>.k`; otherwise the
+    printer's letters for them would collide with the replicas' names."""
+    from dataclasses import replace
+
+    final = {r: base for r, base in zip(results, bases)}
+    rename, k = {}, 0
+    for i in range(start, len(b.eqns)):
+        eqn = b.eqns[i]
+        outs = []
+        for v in eqn.outputs:
+            if v.hint is None:
+                hint = final.get(v)
+                if hint is None:
+                    hint, k = f"{bases[0]}.{k}", k + 1
+                rename[v] = Var(v.ty, hint, v.device)
+            outs.append(rename.get(v, v))
+        b.eqns[i] = replace(eqn, inputs=tuple(rename.get(v, v) if isinstance(v, Var) else v
+                                              for v in eqn.inputs), outputs=tuple(outs))
+    return [rename.get(r, r) for r in results]

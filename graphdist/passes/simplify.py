@@ -1,0 +1,80 @@
+"""simplify: fold small constant subexpressions (the gradient seed, 1/N scales...) into
+literals and constants, and drop identity reshapes/broadcasts/transposes. Graphs read better
+and the program runs fewer calls."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from graphdist.ir import ArrayType, Graph, Lit, Var
+from graphdist.ops import OPS
+from graphdist.ops.array import Const
+from graphdist.passes.core import substitute
+
+FOLD_MAX_ELEMENTS = 1024
+
+
+def _identity(eqn) -> bool:
+    if eqn.op.name in ("reshape", "broadcast_to", "transpose", "cast", "stop_gradient"):
+        (x,) = eqn.inputs
+        return isinstance(x, Var) and x.ty == eqn.outputs[0].ty and (
+            eqn.op.name != "transpose" or dict(eqn.params)["perm"] in (
+                None if x.ty.ndim < 2 else (), tuple(range(x.ty.ndim))))
+    return False
+
+
+def simplify(g: Graph) -> Graph:
+    consts: dict = {}          # Var -> its value, for values known at compile time
+    mapping: dict = {}
+    kept = []
+    changed = False
+
+    def value_of(v):
+        if isinstance(v, Lit):
+            return np.asarray(v.value, dtype=v.ty.dtype)
+        return consts.get(mapping.get(v, v))
+
+    for eqn in g.eqns:
+        op = eqn.op
+        foldable = (not op.stateful and not op.collective and op.name not in ("constant",)
+                    and op.name != "replica_id" and op.name != "shape"
+                    and all(t.size <= FOLD_MAX_ELEMENTS for t in (v.ty for v in eqn.outputs)))
+        values = [value_of(v) for v in eqn.inputs] if foldable else None
+        if foldable and all(x is not None for x in values):
+            out = op.impl(np, *values, **dict(eqn.params))
+            outs = out if isinstance(out, tuple) else (out,)
+            for v, x in zip(eqn.outputs, outs):
+                consts[v] = np.asarray(x, dtype=v.ty.dtype).reshape(v.ty.shape)
+            changed = True
+            continue
+        if _identity(eqn):
+            mapping[eqn.outputs[0]] = mapping.get(eqn.inputs[0], eqn.inputs[0])
+            changed = True
+            continue
+        if op.name == "constant":
+            consts[eqn.outputs[0]] = dict(eqn.params)["value"].value
+        kept.append(eqn)
+    if not changed:
+        return g
+    # values still needed become literals (scalars) or constant eqns (small arrays)
+    needed = {v for e in kept for v in e.inputs if isinstance(v, Var)} | {
+        v for v in g.outputs if isinstance(v, Var)}
+    prologue = []
+    for v, x in consts.items():
+        if v not in needed or any(v in e.outputs for e in kept):
+            continue
+        if x.ndim == 0:
+            mapping[v] = Lit(x[()], ArrayType((), x.dtype))
+        else:
+            prologue.append(_constant_eqn(v, x))
+    eqns = prologue + kept
+    return substitute(replace(g, eqns=tuple(eqns)), eqns, mapping)
+
+
+def _constant_eqn(v: Var, x: np.ndarray):
+    from graphdist.ir import Eqn
+
+    return Eqn(OPS["constant"], (), (v,), (("value", Const(np.ascontiguousarray(x))),),
+               device=v.device)

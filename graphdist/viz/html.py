@@ -1,0 +1,101 @@
+"""Graph -> one self-contained HTML file: the placed graph in device lanes, collectives and
+copies highlighted, hover details, pan/zoom, search, collapsible name scopes. The layout is
+computed in Python (viz/layout.py); viewer.js (ours, no dependencies) only draws it on a
+canvas. Nothing is loaded from the network."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from importlib import resources
+
+from graphdist.viz.layout import layout
+from graphdist.viz.model import KINDS, human_bytes, human_count, read
+
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+
+
+class _Table:
+    """Interns repeated strings (ops, types, scopes) so a 10k-node page stays small."""
+
+    def __init__(self):
+        self.items: list = []
+        self.index: dict = {}
+
+    def __call__(self, s: str) -> int:
+        k = self.index.get(s)
+        if k is None:
+            k = self.index[s] = len(self.items)
+            self.items.append(s)
+        return k
+
+
+def page_data(g, title: str | None = None) -> dict:
+    """The JSON the page draws: nodes, groups and edges as parallel arrays."""
+    view = read(g)
+    lay = layout(view)
+    strings = _Table()
+    nodes = view.nodes
+    N = len(nodes)
+    data = {
+        "title": title or "graphdist graph",
+        "lanes": [view.lane_label(d) for d in view.lanes],
+        "kinds": list(KINDS),
+        "n": {
+            "kind": [KIND_CODE[n.kind] for n in nodes],
+            "op": [strings(n.op) for n in nodes],
+            "name": [" ".join(n.names) for n in nodes],
+            "type": [strings(" ".join(map(str, n.types))) for n in nodes],
+            "dev": [strings(n.device or "") for n in nodes],
+            "scope": [strings(n.scope) for n in nodes],
+            "params": [strings(n.params) for n in nodes],
+            "src": [strings(n.source) for n in nodes],
+            "flops": [n.flops for n in nodes],
+            "bytes": [n.bytes for n in nodes],
+            "moved": [n.moved for n in nodes],
+            "view": [int(n.view) for n in nodes],
+        },
+        "g": {"label": lay.label, "path": lay.path, "size": lay.size,
+              "open": [int(o) for o in lay.opened]},
+        "item": {"parent": lay.parent, "col": lay.col, "row": lay.row, "lane": lay.lane,
+                 "lane_end": lay.lane_end},
+        "edges": [x for src, dst, port, _ in view.edges for x in (src, dst, port)],
+        "strings": strings.items,
+        "nodes": N,
+    }
+    flops = sum(n.flops for n in nodes)
+    colls = [n for n in nodes if n.kind in ("collective", "copy")]
+    moved = sum(n.moved for n in nodes)
+    data["stats"] = (f"{len(g.eqns):,} eqns · {len(view.lanes)} lane"
+                     f"{'s' if len(view.lanes) > 1 else ''} · {human_count(flops)} FLOPs · "
+                     f"{len(colls)} collective/copy nodes · {human_bytes(moved)} moved")
+    return data
+
+
+def _asset(name: str) -> str:
+    return resources.files("graphdist.viz").joinpath(name).read_text(encoding="utf-8")
+
+
+def render(g, title: str | None = None) -> str:
+    """The page as a string (to_html writes it to a file)."""
+    data = page_data(g, title)
+    blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    parts = {"TITLE": html.escape(data["title"]), "CSS": _asset("viewer.css"), "DATA": blob,
+             "JS": _asset("viewer.js")}
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _asset("viewer.html"))
+
+
+def to_html(g, path) -> str:
+    """Write `g` as one interactive HTML file (no network needed to view it); returns the path.
+
+        >>> f.replicated_graph.to_html("step.html")
+        'step.html'
+    """
+    path = os.fspath(path)
+    title = f"{os.path.splitext(os.path.basename(path))[0]}: {len(g.eqns)} eqns"
+    text = render(g, title)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
