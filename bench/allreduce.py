@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from graphdist.kernels.reduce import all_reduce_cpu, all_reduce_ref
 
 import graphdist as gd
 from bench.common import interleaved, save, table
 from graphdist.distribute import cross_device_ops as cdo
-from graphdist.kernels.reduce import all_reduce_cpu, all_reduce_ref
 from graphdist.ops import OPS
 
 ONE_PASS = "numba one-pass sum+broadcast"

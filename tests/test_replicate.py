@@ -57,9 +57,8 @@ def _model_step(strategy, x_rows=8):
             with gd.name_scope("layer"):
                 h = gd.tanh(x @ w + b)
                 loss = gd.reduce_mean(h * h)
-            with gd.GradientTape() as tape:
-                with gd.name_scope("layer"):
-                    loss = gd.reduce_mean(gd.tanh(x @ w + b) ** 2)
+            with gd.GradientTape() as tape, gd.name_scope("layer"):
+                loss = gd.reduce_mean(gd.tanh(x @ w + b) ** 2)
             opt.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
             rid = gd.cast(ctx.replica_id_in_sync_group, "float32")
             first.assign(gd.reduce_sum(h, axis=0) + rid)
@@ -75,7 +74,7 @@ def _model_step(strategy, x_rows=8):
 
 
 def _np_model_step(params, x, n=4):
-    w, b, first = (p.astype(np.float64) for p in params)
+    w, b, _ = (p.astype(np.float64) for p in params)
     shards = np.array_split(x.astype(np.float64), n)
     losses, gws, gbs, hs = [], [], [], []
     for s in shards:
@@ -318,6 +317,7 @@ def test_interpreted_placed_graph_matches_numpy(lowering, rows):
                      for i in range(4 * n_vars)]
     outs = _interpret(placed, batch.values, states_before)
     mean_loss, losses, new_w, new_b, first = _np_model_step(initial, x)
+    assert first.shape == (2,)
     r = placed.meta["results_per_replica"]
     results, finals = outs[:4 * r], outs[4 * r:]
     for d in range(4):

@@ -565,7 +565,7 @@ def test_mirrored_assign_in_replica_needs_aggregation(strategy):
     v = _mirrored(strategy, Agg.NONE)
     for write in ("assign", "assign_add", "assign_sub"):
         with pytest.raises(ValueError, match="aggregation"):
-            strategy.run(lambda: getattr(v, write)(gd.ones_like(v) * _rid_f32()))
+            strategy.run(lambda write=write: getattr(v, write)(gd.ones_like(v) * _rid_f32()))
     for c in v.values:
         np.testing.assert_array_equal(c, [1.0, 1.0])
 
@@ -597,9 +597,9 @@ def test_mirrored_assign_of_constants_in_replica(strategy):
     s = _mirrored(strategy, Agg.SUM)
     for constant in (5.0, np.full(2, 5.0, np.float32)):
         with pytest.raises(ValueError):
-            strategy.run(lambda: s.assign(constant))
+            strategy.run(lambda constant=constant: s.assign(constant))
         with pytest.raises(ValueError):
-            strategy.run(lambda: s.assign_add(constant))
+            strategy.run(lambda constant=constant: s.assign_add(constant))
     for c in s.values:
         np.testing.assert_array_equal(c, [1.0, 1.0])
     m = _mirrored(strategy, Agg.MEAN)

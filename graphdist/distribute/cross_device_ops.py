@@ -23,9 +23,8 @@ class CrossDeviceOps:
         raise NotImplementedError
 
     def broadcast(self, b: Builder, xs: list[Var], source: int, devices: tuple) -> list[Var]:
-        src = xs[source]
-        return [src if d == source else b.add1(OPS["copy_to"], [src], dev, device=dev)
-                for d, dev in enumerate(devices)]
+        (src,) = sendable(b, [xs[source]], [len(devices) > 1])
+        return [xs[d] if d == source else copy_to(b, src, dev) for d, dev in enumerate(devices)]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -137,7 +136,7 @@ class RingAllReduce(CrossDeviceOps):
                 d = (p[0] + 2 + step) % n
                 partial[p] = b.add1(OPS["add"], [copy_to(b, partial[p], devices[d]),
                                                  views[d][p]], devices[d])
-        done = [dict() for _ in range(n)]
+        done = [{} for _ in range(n)]
         for p in pieces:
             done[p[0]][p] = finish_mean(b, partial[p], n, devices[p[0]], op)
         for step in range(n - 1):      # all-gather
@@ -209,9 +208,10 @@ class HostAllReduce(CrossDeviceOps):
         n, size = len(devices), xs[0].ty.size
         if n == 1:
             return [finish_mean(b, xs[0], 1, devices[0], op)]
-        # flat views in, and every result taken by a view on its own device, always: the
-        # executor cannot yet return a result that another device made (TODO: drop then)
-        flats = [b.add1(OPS["reshape"], [x], x.device, shape=(size,)) for x in xs]
+        flats = sendable(b, [_reshaped(b, x, (size,)) for x in xs],
+                         [dev != devices[0] for dev in devices])
+        # every result is taken by a view on its own device, even where the shape is the
+        # same: the executor cannot yet return a result another device made (TODO: drop then)
         outs = tuple(Var(f.ty, None, dev) for f, dev in zip(flats, devices))
         b.eqns.append(Eqn(OPS["host_all_reduce"], tuple(flats), outs, (("op", op),),
                           device=devices[0], scope=b.scope))

@@ -227,7 +227,9 @@ class Const:
 
     def __str__(self) -> str:
         v = self.value
-        return np.array2string(v, precision=4) if v.size <= 4 else f"<{ArrayType(v.shape, v.dtype)}>"
+        if v.size > 4:
+            return f"<{ArrayType(v.shape, v.dtype)}>"
+        return " ".join(np.array2string(v, precision=4, separator=",").split())   # one line
 
 
 constant_p = Op("constant", differentiable=False)

@@ -256,6 +256,9 @@ class _Lowering:
         self.name.update(zip(params, arg_names))
         for v in g.inputs[g.num_args:]:
             self.name[v] = self.glob("S", self.storage[v])
+        for v in g.inputs:      # inputs another device reads: send them first thing
+            if v in self.exports and v in self.name:
+                self.emit(f"{self.glob('P', self.exports[v])}({self.name[v]})")
         dying: dict = {}
         for r, i in self.live.last_use.items():
             dying.setdefault(i, []).append(r)

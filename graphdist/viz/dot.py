@@ -70,10 +70,10 @@ def to_dot(g) -> str:
     """
     view = read(g)
     out = ["digraph graphdist {",
-           '  graph [rankdir=LR, newrank=true, fontname="Helvetica", fontsize=12, '
-           'nodesep=0.15, ranksep=0.35];',
-           '  node [style="rounded,filled", fontname="Helvetica", fontsize=9, color="#7b8794", '
-           'height=0.3, margin="0.08,0.03"];',
+           ('  graph [rankdir=LR, newrank=true, fontname="Helvetica", fontsize=12, '
+            'nodesep=0.15, ranksep=0.35];'),
+           ('  node [style="rounded,filled", fontname="Helvetica", fontsize=9, color="#7b8794", '
+            'height=0.3, margin="0.08,0.03"];'),
            '  edge [color="#9aa5b1", arrowsize=0.5, fontname="Helvetica", fontsize=8];']
     spanning = [n for n in view.nodes if n.spanning]
     placed = [n for n in view.nodes if not n.spanning]

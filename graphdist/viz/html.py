@@ -58,7 +58,7 @@ def page_data(g, title: str | None = None) -> dict:
             "view": [int(n.view) for n in nodes],
         },
         "g": {"label": lay.label, "path": lay.path, "size": lay.size,
-              "open": [int(o) for o in lay.opened]},
+              "open": [int(o) for o in lay.opened], "stack": [int(x) for x in lay.stack]},
         "item": {"parent": lay.parent, "col": lay.col, "row": lay.row, "lane": lay.lane,
                  "lane_end": lay.lane_end},
         "edges": [x for src, dst, port, _ in view.edges for x in (src, dst, port)],

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from graphdist.viz.model import COLLECTIVES_SCOPE, View
 
 OPEN_BUDGET = 400   # groups open by default while the visible items stay under this
+STACK_CELL, STACK_MIN = 8, 4   # a column cell above 8 items folds each op with 4 or more
 
 
 @dataclass(slots=True)
@@ -25,6 +26,7 @@ class Layout:
     size: list        # group g -> nodes inside it, at any depth
     opened: list      # group g -> open when the page loads
     columns: int      # columns at the top level
+    stack: list       # group g -> a stack of same-op nodes of one column, not a name scope
 
 
 def _scope_path(n) -> tuple:
@@ -116,37 +118,32 @@ def _columns(items: list, edges: set, order: list) -> dict:
     return col, preds, succs
 
 
-def _rows(items, col, lane_of, preds, succs, first) -> dict:
+def _rows(items, col, lane, preds, succs, first) -> dict:
     cells: dict = {}
     for i in sorted(items, key=lambda i: first[i]):
-        cells.setdefault((lane_of[i], col[i]), []).append(i)
+        cells.setdefault((lane[i][0], col[i]), []).append(i)
     row = {}
     for cell in cells.values():
         for r, i in enumerate(cell):
             row[i] = r
     keys = sorted(cells, key=lambda k: k[1])
     # barycentre sweeps: forward by predecessors, backward by successors, forward again
+    def bary(i, neighbours):
+        near = [row[j] for j in neighbours[i] if lane[j][0] == lane[i][0]]
+        return (sum(near) / len(near) if near else row[i], row[i])
+
     for neighbours, ks in ((preds, keys), (succs, keys[::-1]), (preds, keys)):
         for key in ks:
             cell = cells[key]
-
-            def bary(i):
-                near = [row[j] for j in neighbours[i] if lane_of[j] == lane_of[i]]
-                return (sum(near) / len(near) if near else row[i], row[i])
-
-            cell.sort(key=bary)
+            cell.sort(key=lambda i, nb=neighbours: bary(i, nb))
             for r, i in enumerate(cell):
                 row[i] = r
     return row
 
 
-def layout(view: View) -> Layout:
-    """Lay `view` out: groups, then per level a cycle-free item graph, columns and rows."""
-    index = {d: k for k, d in enumerate(view.lanes)}
-    lane = []
-    for n in view.nodes:
-        ks = sorted({index[d] for d in (n.device, *n.devices) if d in index}) or [0]
-        lane.append((ks[0], ks[-1]) if n.spanning else (index.get(n.device, ks[0]),) * 2)
+def _groups(view: View, lane: list) -> tuple[list, list]:
+    """Scope groups that can be boxes: runs of one lane, on no cycle, with two items or more.
+    Returns (parent of every item, label of every group)."""
     node_parent, label, gparent = _runs(view, lane)
     N, G = len(view.nodes), len(label)
     parent = [p + N if p >= 0 else -1 for p in node_parent + gparent]
@@ -156,10 +153,8 @@ def layout(view: View) -> Layout:
         for i, p in enumerate(parent):
             if i < N or alive[i - N]:
                 children.setdefault(p, []).append(i)
-        # a group with one child adds a box and nothing else
         broken = {g for g in range(G) if alive[g] and len(children.get(g + N, ())) < 2}
-        levels = _level_edges(view, parent)
-        for p, edges in levels.items():
+        for p, edges in _level_edges(view, parent).items():
             if _order(children[p], edges) is None:   # groups on a cycle cannot be boxes
                 import networkx as nx
 
@@ -176,47 +171,103 @@ def layout(view: View) -> Layout:
             parent[i] = p
     keep = [g for g in range(G) if alive[g]]   # renumber the groups that are left
     new = {N + g: N + k for k, g in enumerate(keep)}
-    parent = [new.get(parent[i], -1) for i in [*range(N), *(N + g for g in keep)]]
-    label, G = [label[g] for g in keep], len(keep)
-    children = {}
+    return [new.get(parent[i], -1) for i in [*range(N), *(N + g for g in keep)]], \
+        [label[g] for g in keep]
+
+
+def layout(view: View) -> Layout:
+    """Lay `view` out: groups, then per level a cycle-free item graph, columns and rows."""
+    index = {d: k for k, d in enumerate(view.lanes)}
+    lane = []
+    for n in view.nodes:
+        ks = sorted({index[d] for d in (n.device, *n.devices) if d in index}) or [0]
+        lane.append((ks[0], ks[-1]) if n.spanning else (index.get(n.device, ks[0]),) * 2)
+    parent, label = _groups(view, lane)
+    N, G = len(view.nodes), len(label)
+    children: dict = {}
     for i, p in enumerate(parent):
         children.setdefault(p, []).append(i)
     levels = _level_edges(view, parent)
     first = list(range(N)) + [N] * G
-    size = [0] * G
     for i in range(N):
         p = parent[i]
         while p != -1:
             first[p] = min(first[p], i)
-            size[p - N] += 1
             p = parent[p]
-    lane_of = [lane[i][0] for i in range(N)]
-    lane_of += [lane[first[N + g]][0] for g in range(G)]
+    lane = lane + [(lane[first[N + g]][0],) * 2 for g in range(G)]
     col, row = [0] * len(parent), [0] * len(parent)
+    stack = [False] * G
     columns = 0
-    for p, items in children.items():
+    for p, items in list(children.items()):
         edges = levels.get(p, set())
         c, preds, succs = _columns(items, edges, _order(items, edges))
-        if p == -1:   # a fused collective gets a column of its own across its lanes
-            keys = sorted({(c[i], 1 + i if view_span(lane, i, N) else 0) for i in items})
-            rank = {k: r for r, k in enumerate(keys)}
-            c = {i: rank[(c[i], 1 + i if view_span(lane, i, N) else 0)] for i in items}
+        span = {i: i < N and lane[i][0] != lane[i][1] for i in items}
+        keys = sorted({(c[i], 1 + i if span[i] else 0) for i in items})
+        rank = {k: r for r, k in enumerate(keys)}   # a fused collective gets its own column
+        c = {i: rank[(c[i], 1 + i if span[i] else 0)] for i in items}
+        if p == -1:
             columns = len(keys)
-        else:
-            used = sorted(set(c.values()))
-            rank = {k: r for r, k in enumerate(used)}
-            c = {i: rank[c[i]] for i in items}
-        r = _rows(items, c, lane_of, preds, succs, first)
+        items = _stacks(view, items, c, lane, preds, succs, first, parent, label, stack, col,
+                        row, p)
+        r = _rows(items, c, lane, preds, succs, first)
         for i in items:
             col[i], row[i] = c[i], r[i]
-    lanes = [lane[i] if i < N else (lane_of[i],) * 2 for i in range(len(parent))]
-    opened = _default_open(children, N, len(label))
-    return Layout(parent, col, row, [a for a, _ in lanes], [b for _, b in lanes], label,
-                  [_path(g, parent, label, N) for g in range(len(label))], size, opened, columns)
+    children = {}
+    for i, p in enumerate(parent):
+        children.setdefault(p, []).append(i)
+    size = [0] * len(label)
+    for i in range(N):
+        p = parent[i]
+        while p != -1:
+            size[p - N] += 1
+            p = parent[p]
+    opened = _default_open(children, N, len(label), stack)
+    return Layout(parent, col, row, [a for a, _ in lane], [b for _, b in lane], label,
+                  [_path(g, parent, label, N) for g in range(len(label))], size, opened,
+                  columns, stack)
 
 
-def view_span(lane, i, N) -> bool:
-    return i < N and lane[i][0] != lane[i][1]
+def _stacks(view, items, c, lane, preds, succs, first, parent, label, stack, col, row, p):
+    """Fold many same-op nodes of one column (150 gradient reshapes feeding a concat) into a
+    collapsible stack, so one wide layer does not make its lane as tall as the page."""
+    N = len(view.nodes)
+    cells: dict = {}
+    for i in items:
+        if i < N and lane[i][0] == lane[i][1]:
+            cells.setdefault((lane[i][0], c[i]), []).append(i)
+    folded, alias = set(), {}
+    for (ln, k), cell in cells.items():
+        if len(cell) <= STACK_CELL:
+            continue
+        by_op: dict = {}
+        for i in cell:
+            by_op.setdefault((view.nodes[i].kind, view.nodes[i].op), []).append(i)
+        for (_, op), members in by_op.items():
+            if len(members) < STACK_MIN:
+                continue
+            s = len(parent)
+            parent.append(p)
+            label.append(f"{op} ×{len(members)}")
+            stack.append(True)
+            lane.append((ln, ln))
+            first.append(min(members))
+            col.append(0)
+            row.append(0)
+            c[s] = k
+            preds[s] = sorted({q for m in members for q in preds[m]})
+            succs[s] = sorted({q for m in members for q in succs[m]})
+            for r, m in enumerate(sorted(members)):
+                parent[m], col[m], row[m] = s, 0, r
+            folded.update(members)
+            items = items + [s]
+            for m in members:
+                alias[m] = s
+    if alias:   # neighbours of the folded nodes now see the stack
+        for i in items:
+            if i not in folded:
+                preds[i] = list(dict.fromkeys(alias.get(q, q) for q in preds[i]))
+                succs[i] = list(dict.fromkeys(alias.get(q, q) for q in succs[i]))
+    return [i for i in items if i not in folded]
 
 
 def _path(g: int, parent: list, label: list, N: int) -> str:
@@ -228,8 +279,9 @@ def _path(g: int, parent: list, label: list, N: int) -> str:
     return "/".join(reversed(parts))
 
 
-def _default_open(children: dict, N: int, G: int) -> list:
-    """Open groups breadth first while the items on screen stay under OPEN_BUDGET."""
+def _default_open(children: dict, N: int, G: int, stack: list) -> list:
+    """Open scopes breadth first while the items on screen stay under OPEN_BUDGET; stacks
+    start folded."""
     opened = [False] * G
     visible = len(children.get(-1, ()))
     frontier = [i for i in children.get(-1, ()) if i >= N]
@@ -237,8 +289,8 @@ def _default_open(children: dict, N: int, G: int) -> list:
         nxt = []
         for i in frontier:
             grow = len(children.get(i, ())) - 1
-            if visible + grow > OPEN_BUDGET:
-                return opened
+            if stack[i - N] or visible + grow > OPEN_BUDGET:
+                continue
             opened[i - N] = True
             visible += grow
             nxt += [c for c in children.get(i, ()) if c >= N]

@@ -92,8 +92,10 @@ def stats(g: Graph) -> dict:
 
 def _table(rows, header) -> list:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
-                              for i, (c, w) in enumerate(zip(r, widths)))
+    def fmt(r):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths)))
+
     return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
 
 

@@ -188,9 +188,9 @@ window.addEventListener("error", function (ev) {
         if (k < 0) {
           var g = i - N;
           ctx.fillStyle = "#0b4f82";
-          ctx.fillText(label(i, 0, fonts[0], w - 14, "▸ " + D.g.label[g]), x + 7, y + 17);
+          ctx.fillText(label(i, 0, fonts[0], w - 14, (D.g.stack[g] ? "≡ " : "▸ ") + D.g.label[g]), x + 7, y + 17);
           ctx.font = fonts[1]; ctx.fillStyle = "#486581";
-          ctx.fillText(label(i, 1, fonts[1], w - 14, D.g.size[g] + " ops · " + fmt(gflops[g]) + " FLOP"), x + 7, y + 33);
+          ctx.fillText(label(i, 1, fonts[1], w - 14, D.g.size[g] + " ops · " + fmt(gflops[g]) + " FLOPs"), x + 7, y + 33);
         } else if (spanning(i)) {
           for (var l2 = it.lane[i]; l2 <= it.lane_end[i]; l2++) {
             var cy = laneY[l2] + laneH[l2] / 2;
@@ -228,27 +228,29 @@ window.addEventListener("error", function (ev) {
     return (k ? v.toFixed(1) : v.toFixed(0)) + " " + u[k];
   }
   // ---------------------------------------------------------------- overview
-  var miniBase = document.createElement("canvas"), ms = 1;
+  var miniBase = document.createElement("canvas"), msx = 1, msy = 1;
   function drawMiniBase() {
     if (!worldW || !mini.width) return;
     miniBase.width = mini.width; miniBase.height = mini.height;
-    var c = miniBase.getContext("2d"); ms = Math.min(mini.width / worldW, mini.height / worldH);
-    for (var l = 0; l < laneY.length; l++) { c.fillStyle = l % 2 ? "#e4ebf3" : "#f4f7fb"; c.fillRect(0, laneY[l] * ms, worldW * ms, laneH[l] * ms); }
+    var c = miniBase.getContext("2d");   // stretched to fill: lanes stay visible for long graphs
+    msx = mini.width / worldW; msy = mini.height / worldH;
+    for (var l = 0; l < laneY.length; l++) { c.fillStyle = l % 2 ? "#e4ebf3" : "#f4f7fb"; c.fillRect(0, laneY[l] * msy, mini.width, laneH[l] * msy); }
     order.forEach(function (i) {
       if (i >= N && open[i - N]) return;
       var k = i < N ? nd.kind[i] : -1;
       c.fillStyle = k < 0 ? "#4098d7" : k === K.op ? "#829ab1" : LINE[k];
-      c.fillRect(X[i] * ms, Y[i] * ms, Math.max(1, Wd[i] * ms), Math.max(1, Ht[i] * ms));
+      c.fillRect(X[i] * msx, Y[i] * msy, Math.max(1, Wd[i] * msx), Math.max(1, Ht[i] * msy));
     });
   }
   function drawMini() {
     mctx.setTransform(1, 0, 0, 1, 0, 0); mctx.clearRect(0, 0, mini.width, mini.height);
     mctx.drawImage(miniBase, 0, 0);
     mctx.strokeStyle = "#d64545"; mctx.lineWidth = 1.5 * dpr;
-    mctx.strokeRect(-T.x / T.s * ms, -T.y / T.s * ms, cw / T.s * ms, ch / T.s * ms);
+    mctx.strokeRect(-T.x / T.s * msx, -T.y / T.s * msy, Math.max(2, cw / T.s * msx), ch / T.s * msy);
   }
   // ---------------------------------------------------------------- view control
-  function setView(s, x, y) { T.s = Math.min(4, Math.max(0.01, s)); T.x = x; T.y = y; draw(); }
+  function minScale() { return Math.min(0.02, cw / (worldW + 20)); }
+  function setView(s, x, y) { T.s = Math.min(4, Math.max(minScale(), s)); T.x = x; T.y = y; draw(); }
   function fit() { var s = Math.min(cw / (worldW + 20), ch / (worldH + 20), 1.5); setView(s, (cw - worldW * s) / 2, Math.max(10, (ch - worldH * s) / 2)); }
   function initial() {
     var s = Math.min(cw / (worldW + 20), ch / (worldH + 20));
@@ -293,6 +295,9 @@ window.addEventListener("error", function (ev) {
   function details(i) {
     if (i >= N) {
       var g = i - N;
+      if (D.g.stack[g]) return "<b>" + esc(D.g.label[g]) + "</b><span class=badge>" + esc(D.lanes[it.lane[i]]) + "</span><br>" +
+        D.g.size[g] + " nodes of one op in one column, folded · " + fmt(gflops[g]) + " FLOPs · " + fmtB(gbytes[g]) + " touched<br>" +
+        "<span class=k>click to " + (open[g] ? "fold" : "unfold") + "</span>";
       return "<b>scope " + esc(D.g.path[g]) + "</b><span class=badge>" + esc(D.lanes[it.lane[i]]) + "</span><br>" +
         D.g.size[g] + " ops · " + fmt(gflops[g]) + " FLOPs · " + fmtB(gbytes[g]) + " touched<br>" +
         "<span class=k>click to " + (open[g] ? "collapse" : "open") + "</span>";
@@ -376,12 +381,12 @@ window.addEventListener("error", function (ev) {
   canvas.addEventListener("wheel", function (ev) {
     ev.preventDefault();
     var r = canvas.getBoundingClientRect(), mx = ev.clientX - r.left, my = ev.clientY - r.top;
-    var s = Math.min(4, Math.max(0.01, T.s * Math.exp(-ev.deltaY * (ev.deltaMode ? 0.05 : 0.0015))));
+    var s = Math.min(4, Math.max(minScale(), T.s * Math.exp(-ev.deltaY * (ev.deltaMode ? 0.05 : 0.0015))));
     setView(s, mx - (mx - T.x) * s / T.s, my - (my - T.y) * s / T.s);
   }, { passive: false });
   var miniDrag = false;
   function miniMove(ev) {
-    var r = mini.getBoundingClientRect(), wx = (ev.clientX - r.left) * dpr / ms, wy = (ev.clientY - r.top) * dpr / ms;
+    var r = mini.getBoundingClientRect(), wx = (ev.clientX - r.left) * dpr / msx, wy = (ev.clientY - r.top) * dpr / msy;
     setView(T.s, cw / 2 - wx * T.s, ch / 2 - wy * T.s);
   }
   mini.addEventListener("mousedown", function (ev) { miniDrag = true; miniMove(ev); ev.stopPropagation(); });
