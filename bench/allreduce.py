@@ -60,7 +60,7 @@ def contenders_through_executor(bufs, devices):
     return out
 
 
-def main(mib: int = 16, n: int = 4, repeat: int = 20) -> dict:
+def main(mib: int = 16, n: int = 4, repeat: int = 30) -> dict:
     size = mib * 2**20 // 4
     rng = np.random.default_rng(0)
     bufs = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
@@ -90,6 +90,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=16)
     parser.add_argument("--devices", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args()
     main(args.mib, args.devices, args.repeat)

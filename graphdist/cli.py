@@ -27,9 +27,10 @@ def _demo(args) -> int:
     step = result["train_step"]
     print("\nThe compiled training step (logical graph):")
     print(step.graph)
+    print("\n" + step.replicated_graph.summary())
     if args.html:
         path = step.replicated_graph.to_html(args.html)
-        print(f"\nwrote the replicated graph to {path}")
+        print(f"\nwrote the replicated graph to {path} (open it in a browser)")
     return 0
 
 
@@ -60,6 +61,8 @@ def _show(args) -> int:
     if hasattr(target, "replicated_graph"):
         graph = target.replicated_graph if args.devices > 1 else target.graph
     print(graph)
+    if args.summary:
+        print("\n" + graph.summary())
     if args.dot:
         with open(args.dot, "w") as f:
             f.write(graph.to_dot())
@@ -82,13 +85,15 @@ def main(argv=None) -> int:
     demo = sub.add_parser("demo", help="train the bundled digits MLP end to end")
     demo.add_argument("--devices", type=int, default=1, help="logical CPU devices (replicas)")
     demo.add_argument("--steps", type=int, default=300)
-    demo.add_argument("--html", default=None, help="write the replicated graph as HTML here")
+    demo.add_argument("--html", default="graphdist_demo.html",
+                      help="where to write the replicated graph as HTML ('' to skip)")
     sub.add_parser("devices", help="list the devices graphdist can use")
     show = sub.add_parser("show", help="print (and export) the graph of MODULE:FUNCTION")
     show.add_argument("target")
     show.add_argument("--devices", type=int, default=1)
     show.add_argument("--html", default=None)
     show.add_argument("--dot", default=None)
+    show.add_argument("--summary", action="store_true", help="also print graph.summary()")
     sub.add_parser("bench", help="run the benchmarks in bench/ (from a source checkout)")
     args = parser.parse_args(argv)
     handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench}

@@ -100,11 +100,19 @@ def _fold_binders(namer: Namer, vs, n: int) -> str:
     return ", ".join(parts)
 
 
+def _device_column(texts, devices, limit: int = 72) -> list:
+    """Lines with their device as a right-hand column: `text   # cpu:1`, aligned over the
+    lines up to `limit` characters (longer ones just get it at their end)."""
+    width = max((len(t) for t in texts if len(t) <= limit), default=0)
+    return [f"  {t.ljust(width)}   # {d}" if d else "  " + t for t, d in zip(texts, devices)]
+
+
 def _runs(eqns):
-    """Consecutive eqns on one device outside the collectives: (device, collective?, eqns)."""
+    """Consecutive eqns on one device, or consecutive collective eqns on any devices."""
     runs = []
     for eqn in eqns:
-        key = (eqn.device, eqn.scope == "collectives" or eqn.op.collective)
+        collective = eqn.scope == "collectives" or eqn.op.collective
+        key = (None, True) if collective else (eqn.device, False)
         if runs and runs[-1][0] == key:
             runs[-1][1].append(eqn)
         else:
@@ -137,7 +145,8 @@ def graph_text(g: Graph, max_eqns: int | None = 400, fold: bool = True) -> str:
         for (device, collective), run in _runs(g.eqns):
             if collective:
                 body.append("  # collectives")
-                body += ["  " + eqn_text(e, namer) for e in run]
+                body += _device_column([eqn_text(e, namer, device=False) for e in run],
+                                       [e.device for e in run])
                 first_run = None
                 continue
             texts = [eqn_text(e, namer, device=False) for e in run]

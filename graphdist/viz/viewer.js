@@ -196,7 +196,8 @@ window.addEventListener("error", function (ev) {
             var cy = laneY[l2] + laneH[l2] / 2;
             ctx.font = fonts[0]; ctx.fillStyle = "#fff";
             ctx.fillText(label(i, 0, fonts[0], w - 14, S[nd.op[i]]), x + 7, cy - 2);
-            ctx.font = fonts[1]; ctx.fillText(label(i, 1, fonts[1], w - 14, names[i][l2 - it.lane[i]] || ""), x + 7, cy + 11);
+            ctx.font = fonts[1];
+            ctx.fillText(label(i, 10 + l2, fonts[1], w - 14, names[i][l2 - it.lane[i]] || ""), x + 7, cy + 11);
           }
         } else {
           ctx.fillText(label(i, 0, fonts[0], w - 14, S[nd.op[i]]), x + 7, y + 17);
@@ -233,7 +234,7 @@ window.addEventListener("error", function (ev) {
     if (!worldW || !mini.width) return;
     miniBase.width = mini.width; miniBase.height = mini.height;
     var c = miniBase.getContext("2d");   // stretched to fill: lanes stay visible for long graphs
-    msx = mini.width / worldW; msy = mini.height / worldH;
+    msx = Math.min(mini.width / worldW, 0.15 * dpr); msy = Math.min(mini.height / worldH, 0.15 * dpr);
     for (var l = 0; l < laneY.length; l++) { c.fillStyle = l % 2 ? "#e4ebf3" : "#f4f7fb"; c.fillRect(0, laneY[l] * msy, mini.width, laneH[l] * msy); }
     order.forEach(function (i) {
       if (i >= N && open[i - N]) return;
@@ -251,7 +252,12 @@ window.addEventListener("error", function (ev) {
   // ---------------------------------------------------------------- view control
   function minScale() { return Math.min(0.02, cw / (worldW + 20)); }
   function setView(s, x, y) { T.s = Math.min(4, Math.max(minScale(), s)); T.x = x; T.y = y; draw(); }
-  function fit() { var s = Math.min(cw / (worldW + 20), ch / (worldH + 20), 1.5); setView(s, (cw - worldW * s) / 2, Math.max(10, (ch - worldH * s) / 2)); }
+  function fit() {   // the whole graph; a very long one fits its height, from its start
+    var s = Math.min(cw / (worldW + 20), ch / (worldH + 20), 1.5);
+    if (s >= 0.05) return setView(s, (cw - worldW * s) / 2, Math.max(10, (ch - worldH * s) / 2));
+    s = Math.min(1, Math.max(0.2, (ch - 20) / worldH));
+    setView(s, 10, worldH * s < ch ? (ch - worldH * s) / 2 : 10);
+  }
   function initial() {
     var s = Math.min(cw / (worldW + 20), ch / (worldH + 20));
     if (s >= 0.45) return fit();
@@ -263,16 +269,19 @@ window.addEventListener("error", function (ev) {
     var tall = Ht[i] * s > ch;   // a collective across many lanes: keep the height in view
     setView(s, cw / 2 - (X[i] + Wd[i] / 2) * s, tall ? T.y : ch / 2 - (Y[i] + Ht[i] / 2) * s);
   }
-  function toggle(g, anchor) {
-    var sx = X[anchor] * T.s + T.x, sy = Y[anchor] * T.s + T.y;
-    open[g] = open[g] ? 0 : 1; cut = {}; relayout(); markNear();
+  var samePath = {};   // a scope opens and closes in every lane at once (replicas match)
+  D.g.path.forEach(function (p, g) { (samePath[p] = samePath[p] || []).push(g); });
+  function toggle(g, anchor, alone) {
+    var sx = X[anchor] * T.s + T.x, sy = Y[anchor] * T.s + T.y, v = open[g] ? 0 : 1;
+    (alone ? [g] : samePath[D.g.path[g]]).forEach(function (h) { open[h] = v; });
+    cut = {}; relayout(); markNear(); tip.hidden = true;
     T.x = sx - X[anchor] * T.s; T.y = sy - Y[anchor] * T.s; draw();
   }
-  function setAll(v) { open.fill(v); relayout(); markNear(); fit(); }
+  function setAll(v) { open.fill(v); cut = {}; relayout(); markNear(); tip.hidden = true; fit(); }
   function reveal(n) {             // open every scope around node n
     var changed = false;
     for (var q = it.parent[n]; q >= 0; q = it.parent[q]) if (!open[q - N]) { open[q - N] = 1; changed = true; }
-    if (changed) { relayout(); markNear(); }
+    if (changed) { cut = {}; relayout(); markNear(); }
   }
   function markNear() {
     near.fill(0); if (selected < 0) return;
@@ -339,7 +348,7 @@ window.addEventListener("error", function (ev) {
   }
   function step(d) {
     if (!hits.length) return;
-    hitIdx = (hitIdx + d + hits.length) % hits.length; flash = hits[hitIdx];
+    hitIdx = (hitIdx + d + hits.length) % hits.length; flash = hits[hitIdx]; tip.hidden = true;
     reveal(flash); centerOn(flash);
     hitsEl.textContent = (hitIdx + 1) + " / " + hits.length;
   }
@@ -362,7 +371,7 @@ window.addEventListener("error", function (ev) {
     var r = canvas.getBoundingClientRect(), i = pick(ev.clientX - r.left, ev.clientY - r.top);
     if (i >= N) {
       var wy = (ev.clientY - r.top - T.y) / T.s;
-      if (!open[i - N] || wy < Y[i] + HEAD) { toggle(i - N, i); return; }
+      if (!open[i - N] || wy < Y[i] + HEAD) { toggle(i - N, i, ev.shiftKey); return; }
     }
     selected = i >= 0 && i < N ? (selected === i ? -1 : i) : -1; markNear(); draw();
   });
@@ -383,6 +392,7 @@ window.addEventListener("error", function (ev) {
     var r = canvas.getBoundingClientRect(), mx = ev.clientX - r.left, my = ev.clientY - r.top;
     var s = Math.min(4, Math.max(minScale(), T.s * Math.exp(-ev.deltaY * (ev.deltaMode ? 0.05 : 0.0015))));
     setView(s, mx - (mx - T.x) * s / T.s, my - (my - T.y) * s / T.s);
+    hover = pick(mx, my); showTip(hover, mx, my);
   }, { passive: false });
   var miniDrag = false;
   function miniMove(ev) {
