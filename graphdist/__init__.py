@@ -9,7 +9,9 @@ from graphdist.checkpoint import Checkpoint
 from graphdist.distribute.context import (get_replica_context, get_strategy, has_strategy,
                                           in_cross_replica_context)
 from graphdist.distribute.devices import devices
-from graphdist.distribute.cross_device_ops import (CrossDeviceOps, ReductionToOneDevice,
+from graphdist.distribute.cross_device_ops import (CrossDeviceOps, HierarchicalCopyAllReduce,
+                                                   HostAllReduce, NcclAllReduce,
+                                                   ReductionToOneDevice, RingAllReduce,
                                                    choose_cross_device_ops)
 from graphdist.distribute.strategy import MirroredStrategy, OneDeviceStrategy, ReplicaContext
 from graphdist.distribute.values import (Mirrored, PerReplica, ReduceOp, ValueContext,

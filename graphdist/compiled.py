@@ -67,18 +67,20 @@ class Compiled:
 
     def __call__(self, leaves):
         arrays = [leaves[i] for feed in self.feeds for i in feed]
-        results = self.executable(arrays)
-        per = len(results) // len(self.feeds)
-        out, k = [], 0
+        per_device = self.executable(arrays)
+        out, k, shared_seen = [], 0, 0
         for kind in self.out_kinds:
             if kind[0] == "static":
                 out.append(kind[1])
                 continue
             if kind[0] == "per_replica":
-                out.append(PerReplica(tuple(_scalar(results[d * per + k])
-                                            for d in range(len(self.feeds)))))
+                # replicas > 0 return only their per-replica results, in order
+                j = k - shared_seen
+                out.append(PerReplica((_scalar(per_device[0][k]),) + tuple(
+                    _scalar(res[j]) for res in per_device[1:])))
             else:
-                out.append(_scalar(results[k]))
+                out.append(_scalar(per_device[0][k]))
+                shared_seen += 1
             k += 1
         return unflatten(self.out_tree, out)
 
@@ -231,9 +233,12 @@ class Function:
             elif shapes not in by_shapes:      # an uneven shard: trace its shapes too
                 by_shapes[shapes] = self._trace(v, leaves, specs)[0]
             graphs.append(by_shapes[shapes])
-        return Compiled(graph, out_tree, out_kinds, compile_replicated(graphs, strategy),
+        shared = [k for k, kind in enumerate(r for r in out_kinds if r[0] != "static")
+                  if kind[0] == "mirrored"]
+        return Compiled(graph, out_tree, out_kinds,
+                        compile_replicated(graphs, strategy, shared_results=shared),
                         [self._feed(v, specs) for v in views],
-                        lambda profile: compile_replicated(graphs, strategy, profile))
+                        lambda profile: compile_replicated(graphs, strategy, profile, shared))
 
     @staticmethod
     def _feed(view, specs) -> list:

@@ -78,8 +78,8 @@ def _inputs(n, dtype, seed=0):
 
 
 def _all_reduce_everything(strategy, per_shape):
-    """A gd.function all-reducing every input (sum and mean); returns, per (op, shape), the
-    tuple of every replica's result."""
+    """(run, step): step is a gd.function all-reducing every input (sum and mean); run()
+    calls it and returns {(op, shape index): every replica's result}."""
     xs = [strategy.experimental_distribute_values_from_function(
         lambda ctx, vals=vals: vals[ctx.replica_id_in_sync_group]) for vals in per_shape]
 

@@ -70,17 +70,19 @@ class OneDeviceExecutable:
         self.replicas = 1
 
     def __call__(self, arrays):
+        """Returns [results]: one list per replica, as MultiDeviceExecutable does."""
         threads.set_blas_threads(None)
         threads.set_numba_threads(threads.cores())
-        return self.program(*arrays)
+        return [self.program(*arrays)]
 
 
 class MultiDeviceExecutable:
     """Runs a replicated graph: one program per device, all at once."""
 
-    def __init__(self, placed: Graph, profile: bool = False):
+    def __init__(self, placed: Graph, profile: bool = False, shared_results=()):
         self.graph = placed
         self.profile = profile
+        self.shared_results = set(shared_results)   # mirrored: only replica 0 returns them
         self.devices = placed.devices
         self.replicas = len(self.devices)
         self.args_per_replica = placed.meta["args_per_replica"]
@@ -89,10 +91,17 @@ class MultiDeviceExecutable:
         for eqn in placed.eqns:
             producer.update((v, eqn.device) for v in eqn.outputs)
         crossing = {}
+
+        def cross(v, reader: str) -> None:
+            if isinstance(v, Var) and producer[v] != reader and v not in crossing:
+                crossing[v] = Channel(f"{v.hint or 'a value'} from {producer[v]}")
+
         for eqn in placed.eqns:
             for v in eqn.inputs:
-                if isinstance(v, Var) and producer[v] != eqn.device and v not in crossing:
-                    crossing[v] = Channel(f"{v.hint or 'a value'} from {producer[v]}")
+                cross(v, eqn.device)
+        for d, device in enumerate(self.devices):        # results another device made
+            for v in self._outputs_of(d):
+                cross(v, device)
         self.channels = list(crossing.values())
         self.programs = [self._program(d, device, crossing, producer)
                          for d, device in enumerate(self.devices)]
@@ -107,15 +116,14 @@ class MultiDeviceExecutable:
         a, r = self.args_per_replica, self.results_per_replica
         n_states = len(g.variables) // self.replicas
         eqns = tuple(e for e in g.eqns if e.device == device)
-        imports = {v: crossing[v].wait for e in eqns for v in e.inputs
+        reads = [v for e in eqns for v in e.inputs] + list(self._outputs_of(d))
+        imports = {v: crossing[v].wait for v in reads
                    if isinstance(v, Var) and v in crossing and producer[v] != device}
         exports = {v: crossing[v].post for e in eqns for v in e.outputs if v in crossing}
         args = g.inputs[d * a:(d + 1) * a]
         states = g.inputs[self.replicas * a + d * n_states:self.replicas * a + (d + 1) * n_states]
         variables = g.variables[d * n_states:(d + 1) * n_states]
-        results = g.outputs[d * r:(d + 1) * r]
-        finals = g.outputs[self.replicas * r + d * n_states:
-                           self.replicas * r + (d + 1) * n_states]
+        results, finals = self._results_of(d), self._finals_of(d)
         sub = Graph(inputs=tuple(args) + tuple(imports) + tuple(states), eqns=eqns,
                     outputs=tuple(results) + tuple(finals), variables=tuple(variables),
                     devices=(device,))
@@ -123,6 +131,19 @@ class MultiDeviceExecutable:
         storage = {s: _storage(s, v) for s, v in zip(states, variables)}
         return lower(sub, backend_for(device), storage, imports=imports, exports=exports,
                      events=[] if self.profile else None)
+
+    def _results_of(self, d: int) -> tuple:
+        r = self.results_per_replica
+        return tuple(v for k, v in enumerate(self.graph.outputs[d * r:(d + 1) * r])
+                     if d == 0 or k not in self.shared_results)
+
+    def _finals_of(self, d: int) -> tuple:
+        n_states = len(self.graph.variables) // self.replicas
+        start = self.replicas * self.results_per_replica + d * n_states
+        return self.graph.outputs[start:start + n_states]
+
+    def _outputs_of(self, d: int) -> tuple:
+        return self._results_of(d) + self._finals_of(d)
 
     def _run_device(self, d: int, args):
         threads.set_numba_threads(self.threads)
@@ -155,7 +176,7 @@ class MultiDeviceExecutable:
         real = [e for e in errors if e is not None and not isinstance(e, Aborted)]
         if real or any(errors):
             raise (real or [e for e in errors if e is not None])[0]
-        return [x for per in results for x in per]
+        return results
 
     def _abort(self) -> None:
         for ch in self.channels:
@@ -184,7 +205,8 @@ def compile_graph(g: Graph, profile: bool = False):
                                              events=[] if profile else None))
 
 
-def compile_replicated(graphs: list[Graph], strategy, profile: bool = False):
+def compile_replicated(graphs: list[Graph], strategy, profile: bool = False,
+                       shared_results=()):
     """Replicate one logical graph per replica over the strategy's devices and compile."""
     from graphdist.passes.replicate import replicate
 
@@ -193,4 +215,4 @@ def compile_replicated(graphs: list[Graph], strategy, profile: bool = False):
             raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
                              f"on {list(strategy.devices)}; create it under strategy.scope()")
     placed = replicate(graphs, strategy.devices, strategy.cross_device_ops)
-    return MultiDeviceExecutable(placed, profile)
+    return MultiDeviceExecutable(placed, profile, shared_results)

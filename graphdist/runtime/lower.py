@@ -96,6 +96,7 @@ class _Lowering:
         self.line_eqn: list = []          # the eqn each line runs (None for glue)
         self.counter = itertools.count()
         self.fresh_names: dict = {}       # root Var -> names of fresh arrays viewing it
+        self.returned = {v for v in g.outputs[: g.num_results] if isinstance(v, Var)}
 
     # ------------------------------------------------------------ naming
     def glob(self, prefix: str, obj) -> str:
@@ -189,7 +190,10 @@ class _Lowering:
             self.lower_inplace(i, eqn, kernel, params)
             return
         (out, *more) = eqn.outputs
-        big = not more and out.ty.nbytes >= ARENA_MIN_BYTES and not op.view
+        # a returned value gets a fresh array (handed to the caller) rather than an arena
+        # buffer plus a copy
+        big = (not more and out.ty.nbytes >= ARENA_MIN_BYTES and not op.view
+               and out not in self.returned)
         if big and op.ufunc:
             buf = self.buffer_for(eqn, i, out)
             fn = self.glob("U", getattr(self.xp, op.ufunc))
@@ -266,6 +270,10 @@ class _Lowering:
             self.lower_eqn(i, eqn)
             self.release(i, dying.get(i, []))
         results = []
+        for v in g.outputs:          # outputs another device made: receive them
+            if v in self.imports and v not in self.name:
+                self.name[v] = f"v{next(self.counter)}"
+                self.emit(f"{self.name[v]} = {self.glob('W', self.imports[v])}()")
         for v in g.outputs[: g.num_results]:
             ref = self.ref(v)
             if isinstance(v, Lit):
