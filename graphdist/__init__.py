@@ -3,6 +3,7 @@
 This module re-exports the public API of API.md and nothing else.
 """
 
+from graphdist.runtime import threads as _threads  # noqa: F401  (sets OpenMP waiting first)
 from graphdist import config, data, nn, optimizers  # noqa: F401
 from graphdist.autodiff import GradientTape, value_and_grad
 from graphdist.checkpoint import Checkpoint

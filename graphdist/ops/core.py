@@ -43,6 +43,8 @@ class Op:
         self.shape_rule = None
         self.impl = None
         self.out_impl = None          # impl(xp, out, *ins, **params) writing into `out`
+        # may `out` be a dying input's buffer? ufuncs handle that; an out_impl must say so
+        self.out_may_alias = ufunc is not None
         self.vjp = None
         self.cost_rule = None
         self.kernels: dict[str, str] = {}
@@ -68,9 +70,14 @@ class Op:
         self.impl = fn
         return fn
 
-    def def_out(self, fn):
-        self.out_impl = fn
-        return fn
+    def def_out(self, fn=None, *, may_alias: bool = False):
+        """Register impl(xp, out, *ins) writing into `out`; may_alias=True promises it is
+        correct when `out` is one of the inputs (the lowering may then donate one)."""
+        def register(f):
+            self.out_impl = f
+            self.out_may_alias = self.out_may_alias or may_alias
+            return f
+        return register(fn) if fn is not None else register
 
     def def_vjp(self, fn):
         self.vjp = fn

@@ -148,7 +148,7 @@ def _sigmoid_impl(xp, x):
     return (xp.tanh(x * x.dtype.type(0.5)) + 1) * x.dtype.type(0.5)
 
 
-@sigmoid_p.def_out
+@sigmoid_p.def_out(may_alias=True)
 def _sigmoid_out(xp, out, x):
     xp.multiply(x, x.dtype.type(0.5), out=out)
     xp.tanh(out, out=out)
@@ -164,7 +164,7 @@ def _sigmoid_vjp(ct, x):
 
 relu_p = _unary("relu", floats_only=False)
 relu_p.def_impl(lambda xp, x: xp.maximum(x, 0))
-relu_p.def_out(lambda xp, out, x: xp.maximum(x, 0, out=out))
+relu_p.def_out(lambda xp, out, x: xp.maximum(x, 0, out=out), may_alias=True)
 relu_p.def_vjp(lambda ct, x: (where(greater(x, 0), ct, 0),))
 
 # ---------------------------------------------------------------- where
@@ -184,9 +184,8 @@ def _where_shape(cond, x, y):
 where_p.def_impl(lambda xp, c, x, y: xp.where(c, x, y))
 
 
-@where_p.def_out
+@where_p.def_out   # never aliased: the one-pass select vectorizes only on distinct buffers
 def _where_out(xp, out, c, x, y):
-    # correct when `out` is x or y (the lowering may donate a dying input's buffer)
     if xp is np:
         from graphdist.kernels.select import select_cpu
 

@@ -131,11 +131,11 @@ class _Lowering:
         return None
 
     def buffer_for(self, eqn, i: int, out: Var) -> str:
-        sink = self.sink_storage(out, i, eqn.op.elementwise)
+        sink = self.sink_storage(out, i, eqn.op.elementwise and eqn.op.out_may_alias)
         if sink:
             return sink
         key = (out.ty.shape, out.ty.dtype)
-        if eqn.op.elementwise:
+        if eqn.op.elementwise and eqn.op.out_may_alias:
             roots = [self.root(v) for v in eqn.inputs if isinstance(v, Var)]
             for v in eqn.inputs:
                 if (isinstance(v, Var) and self.root(v) is v and v in self.arena_of
