@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 _state = {"explain_retraces": False, "fused_kernels": True, "logical_devices": {},
-          "collective_timeout": 60.0}
+          "collective_timeout": 60.0, "device_concurrency": "auto"}
 
 logger = logging.getLogger("graphdist")
 
@@ -49,3 +49,18 @@ def collective_timeout() -> float:
 
 def logical_device_count(kind: str) -> int | None:
     return _state["logical_devices"].get(kind)
+
+
+def set_device_concurrency(mode: str) -> None:
+    """How a replicated step runs its devices: "threads" (one worker thread per device,
+    events between them), "sequential" (one program, device after device, in the calling
+    thread) or "auto" (sequential for logical CPU devices, threads otherwise). Applies to
+    steps compiled afterwards."""
+    if mode not in ("auto", "threads", "sequential"):
+        raise ValueError(f"set_device_concurrency: mode must be 'auto', 'threads' or "
+                         f"'sequential', got {mode!r}")
+    _state["device_concurrency"] = mode
+
+
+def device_concurrency() -> str:
+    return _state["device_concurrency"]

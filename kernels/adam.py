@@ -23,6 +23,7 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from .common import (
+    tensor_group,
     CHUNK,
     check_sizes,
     chunk_table,
@@ -155,7 +156,7 @@ def adam_multi_cpu(
     """
     if len(params) == 0:
         return
-    ps, gs, ms, vs = (tensor_list(x) for x in (params, grads, ms, vs))
+    ps, gs, ms, vs = tensor_group(params, grads, ms, vs)
     same_dtype("adam_multi_cpu", ps, gs, ms, vs)
     _adam_multi(
         ps, gs, ms, vs, *_scalars(ps[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)

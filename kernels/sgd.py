@@ -12,6 +12,7 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from .common import (
+    tensor_group,
     CHUNK,
     check_sizes,
     chunk_table,
@@ -121,9 +122,8 @@ def sgd_multi_cpu(
     """
     if len(params) == 0:
         return
-    ps, gs = tensor_list(params), tensor_list(grads)
-    scalars = _scalars(ps[0].dtype, lr, momentum, weight_decay, ms)
-    ms = ps if ms is None else tensor_list(ms)
+    scalars = _scalars(params[0].dtype, lr, momentum, weight_decay, ms)
+    ps, gs, ms = tensor_group(params, grads, params if ms is None else ms)
     same_dtype("sgd_multi_cpu", ps, gs, ms)
     _sgd_multi(ps, gs, ms, *scalars, bool(nesterov))
 

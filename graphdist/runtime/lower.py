@@ -53,7 +53,7 @@ def _annotated(e: Exception, program: Program) -> Exception:
         eqn = program.line_eqns.get((frame.f_code.co_filename, lineno), eqn)
     if eqn is None:
         return e
-    where = f"while executing  {eqn_text(eqn)}  on {program.device}"
+    where = f"while executing  {eqn_text(eqn, device=False)}  on {eqn.device or program.device}"
     if eqn.source:
         where += f"\n  traced at  {eqn.source}"
     try:
@@ -134,7 +134,7 @@ class _Lowering:
         sink = self.sink_storage(out, i, eqn.op.elementwise and eqn.op.out_may_alias)
         if sink:
             return sink
-        key = (out.ty.shape, out.ty.dtype)
+        key = (out.ty.shape, out.ty.dtype, out.device)   # each device keeps its own buffers
         if eqn.op.elementwise and eqn.op.out_may_alias:
             roots = [self.root(v) for v in eqn.inputs if isinstance(v, Var)]
             for v in eqn.inputs:
@@ -150,7 +150,7 @@ class _Lowering:
         for r in dying:
             buf = self.arena_of.pop(r, None)
             if buf is not None:
-                self.pool.setdefault((r.ty.shape, r.ty.dtype), []).append(buf)
+                self.pool.setdefault((r.ty.shape, r.ty.dtype, r.device), []).append(buf)
             names = self.fresh_names.pop(r, ())
             if names:
                 self.emit(f"del {', '.join(names)}")

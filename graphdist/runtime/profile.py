@@ -16,14 +16,18 @@ def chrome_trace(executable, name: str = "step") -> dict:
     origin = min(starts) if starts else 0.0
     index = {id(eqn): i for i, eqn in enumerate(executable.graph.eqns)}
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"graphdist {name}"}}]
-    for lane, (device, program) in enumerate(zip(executable.devices, programs)):
+    lanes = {device: lane for lane, device in enumerate(executable.devices)}
+    for device, lane in lanes.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": lane,
                        "args": {"name": device}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": lane,
                        "args": {"sort_index": lane}})
+    for program in programs:
         eqns = program.graph.eqns
         for i, start, end in program.events:
             eqn = eqns[i]
+            device = eqn.device if eqn.device in lanes else executable.devices[0]
+            lane = lanes[device]
             in_types = [v.ty for v in eqn.inputs]
             flops, nbytes = eqn.op.cost(in_types, [v.ty for v in eqn.outputs], dict(eqn.params))
             events.append({
