@@ -167,3 +167,26 @@ def test_long_programs_split_into_chunks_compute_the_same(name, monkeypatch):
         x, y)
     np.testing.assert_array_equal(value, ref_value)
     np.testing.assert_array_equal(grad, ref_grad)
+
+
+def test_values_flattened_into_a_concat_are_computed_in_place():
+    """Gradient buckets: big values that only feed a 1-D concat are written straight into
+    their slice of its buffer; small ones are copied in."""
+    rng = _rng(3)
+    a = rng.standard_normal((64, 96)).astype(np.float32)
+    b = rng.standard_normal((96, 80)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+
+    def pack(a, b, bias):
+        big1 = a @ b                               # (64, 80): 20 KiB
+        big2 = gd.tanh(a) * 2.0                    # (64, 96): 24 KiB
+        return gd.concat([gd.reshape(big1, (-1,)), gd.reshape(bias * 3.0, (-1,)),
+                          gd.reshape(big2, (-1,))]) * 1.0
+
+    f = gd.function(pack)
+    expected = np.concatenate([(a @ b).ravel(), bias * 3, (np.tanh(a) * 2).ravel()])
+    for _ in range(2):
+        np.testing.assert_allclose(f(a, b, bias), expected, rtol=1e-5, atol=1e-5)
+    source = f.program_source()
+    copies = [line for line in source.splitlines() if "] = " in line and ".reshape(-1)" in line]
+    assert len(copies) == 1                        # only the small bias is copied in

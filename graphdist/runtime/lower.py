@@ -97,6 +97,9 @@ class _Lowering:
         self.counter = itertools.count()
         self.fresh_names: dict = {}       # root Var -> names of fresh arrays viewing it
         self.returned = {v for v in g.outputs[: g.num_results] if isinstance(v, Var)}
+        self.placed: dict = {}            # Var -> expression of its slice in a concat buffer
+        self.packed: dict = {}            # concat eqn -> (buffer name, inputs already in place)
+        self.plan_packing()
 
     # ------------------------------------------------------------ naming
     def glob(self, prefix: str, obj) -> str:
@@ -130,7 +133,37 @@ class _Lowering:
                     return self.name[var_in]
         return None
 
+    def plan_packing(self) -> None:
+        """Zero-copy packing: a value that only exists to be flattened into a 1-D concat (a
+        gradient going into its all-reduce bucket) is computed straight into its slice of
+        the concat's buffer, so the concat copies nothing for it."""
+        producer = {v: (i, e) for i, e in enumerate(self.g.eqns) for v in e.outputs}
+        for i, eqn in enumerate(self.g.eqns):
+            out = eqn.outputs[0] if eqn.op == "concat" else None
+            if out is None or out.ty.ndim != 1 or out.ty.nbytes < ARENA_MIN_BYTES:
+                continue
+            name = self.glob("B", self.backend.empty(out.ty.shape, out.ty.dtype))
+            offset, inside = 0, set()
+            for v in eqn.inputs:
+                size = v.ty.size
+                root = self.root(v)
+                made = producer.get(root)
+                if (made is not None and root is not v and self.live.last_use.get(root) == i
+                        and root not in self.returned and root.ty.nbytes >= ARENA_MIN_BYTES
+                        and not made[1].op.view and (made[1].op.ufunc or made[1].op.out_impl)
+                        and len(made[1].outputs) == 1 and root.ty.dtype == out.ty.dtype
+                        and self.live.root.get(v) is root and producer.get(v, (0, None))[1]
+                        is not None and producer[v][1].op == "reshape"
+                        and producer[v][1].inputs[0] is root):
+                    view = self.env[name][offset:offset + size].reshape(root.ty.shape)
+                    self.placed[root] = self.glob("B", view)
+                    inside.add(v)
+                offset += size
+            self.packed[eqn] = (name, inside)
+
     def buffer_for(self, eqn, i: int, out: Var) -> str:
+        if out in self.placed:
+            return self.placed[out]
         sink = self.sink_storage(out, i, eqn.op.elementwise and eqn.op.out_may_alias)
         if sink:
             return sink
@@ -184,6 +217,9 @@ class _Lowering:
         if op.alias_input is not None and op.name in ("read_var", "assign_var", "stop_gradient"):
             self.name[eqn.outputs[0]] = self.ref(eqn.inputs[op.alias_input])
             return
+        if eqn in self.packed:
+            self.lower_packed_concat(eqn)
+            return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
         kernel = self.backend.kernel(op) if (self.fused and op.inplace) else None
         if kernel is not None:
@@ -224,9 +260,19 @@ class _Lowering:
                 if r is v or r in self.fresh_names:
                     self.fresh_names.setdefault(r, []).append(n)
 
+    def lower_packed_concat(self, eqn) -> None:
+        name, inside = self.packed[eqn]
+        offset = 0
+        for v in eqn.inputs:
+            size = v.ty.size
+            if v not in inside:   # not computed in place: copy it into its slice
+                self.emit(f"{name}[{offset}:{offset + size}] = {self.ref(v)}.reshape(-1)", eqn)
+            offset += size
+        self.bind_buffer(eqn.outputs[0], name)
+
     def bind_buffer(self, out: Var, buf: str) -> None:
         self.name[out] = buf
-        if buf.startswith("B"):
+        if buf.startswith("B") and out not in self.placed:
             self.arena_of[out] = buf
 
     def lower_inplace(self, i: int, eqn, kernel, params) -> None:
