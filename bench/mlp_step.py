@@ -15,6 +15,9 @@ from bench.common import interleaved, save, table
 SIZES = (784, 1024, 1024, 10)
 BATCH = 512
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-7
+# forward: three x @ W; backward: three dW = h.T @ d and two d @ W.T (no gradient for x)
+_LAYERS = list(zip(SIZES[:-1], SIZES[1:]))
+MATMUL_FLOPS = 2 * BATCH * (2 * sum(a * b for a, b in _LAYERS) + sum(a * b for a, b in _LAYERS[1:]))
 
 
 def init(seed=0):
@@ -115,13 +118,22 @@ def main(repeat: int = 20) -> dict:
         for w, ref in zip(fresh_ws, check.p):
             np.testing.assert_allclose(w.numpy(), ref, rtol=2e-3, atol=2e-5)
     gd.config.set_fused_kernels(True)
+    a = np.ones((1024, 1024), np.float32)
+    out = np.empty_like(a)
+    contenders["BLAS probe: sgemm 1024^3"] = lambda: np.matmul(a, a, out=out)
     t = interleaved(contenders, repeat=repeat, warmup=3)
+    peak = 2 * 1024**3 / t.pop("BLAS probe: sgemm 1024^3")["median_s"]
     base = t["numpy by hand (out=)"]["median_s"]
-    rows = [[k, v["median_s"] * 1e3, v["min_s"] * 1e3, v["median_s"] / base] for k, v in t.items()]
+    rows = [[k, v["median_s"] * 1e3, v["min_s"] * 1e3, v["median_s"] / base,
+             MATMUL_FLOPS / v["median_s"] / peak] for k, v in t.items()]
     text = table(f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}, Adam, one CPU device "
                  f"(median of {repeat}; target: graphdist <= numpy by hand)",
-                 ["contender", "median ms", "min ms", "vs numpy"], rows)
-    save("mlp_step", {"sizes": SIZES, "batch": BATCH, "results": t, "table": text})
+                 ["contender", "median ms", "min ms", "vs numpy", "matmul FLOPs/s vs sgemm"],
+                 rows)
+    print(f"sgemm 1024^3 probe: {peak / 1e9:.0f} GFLOP/s; the step's matmuls are "
+          f"{MATMUL_FLOPS / 1e9:.2f} GFLOP")
+    save("mlp_step", {"sizes": SIZES, "batch": BATCH, "results": t, "table": text,
+                      "sgemm_probe_flops": peak, "step_matmul_flops": MATMUL_FLOPS})
     return t
 
 

@@ -58,13 +58,13 @@ def tensor_list(arrays: Sequence[np.ndarray]) -> typed.List:
     return typed.List([flat(a) for a in arrays])
 
 
-TUPLE_SIZES = (4, 8, 16, 32, 64)
+TUPLE_SIZES = (4, 8, 16)   # compile time grows fast with the size: 64 took minutes
 
 
 def tensor_group(*lists):
     """The tensor lists of one multi-tensor call in the form the CPU kernels run fastest on:
     tuples of flat views (measured 2x faster in the kernel than typed Lists), padded with
-    empty arrays to 4, 8, 16, 32 or 64 entries so numba compiles one specialization per size
+    empty arrays to 4, 8 or 16 entries so numba compiles one specialization per size
     class rather than per tensor count. Longer lists, or typed Lists given by the caller,
     become typed Lists.
 

@@ -16,6 +16,27 @@ import threading
 # OpenMP layer loads, so graphdist/__init__.py imports this module.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
+_AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
+
+
+def _prefer_avx512_blas() -> None:
+    """OpenBLAS picks its kernels from the CPU model; on CPUs it does not recognize (AMD
+    EPYC VMs here) it falls back to Haswell (AVX2) kernels although AVX-512 is there:
+    measured sgemm 209 GFLOP/s vs 378 with OPENBLAS_CORETYPE=SkylakeX on 2 cores. Only
+    effective when numpy has not been imported yet; an explicit setting wins."""
+    if "numpy" in sys.modules or "OPENBLAS_CORETYPE" in os.environ:
+        return
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return
+    if _AVX512 <= set(flags.split()):
+        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+
+
+_prefer_avx512_blas()
+
 _local = threading.local()
 _lock = threading.Lock()
 _blas_now = [None]

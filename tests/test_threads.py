@@ -1,0 +1,33 @@
+"""Thread and BLAS settings chosen at import (graphdist/runtime/threads.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from graphdist.runtime import threads
+
+
+def _env_after_import(env: dict) -> str:
+    code = "import graphdist, os; print(os.environ.get('OPENBLAS_CORETYPE'), " \
+           "os.environ.get('OMP_WAIT_POLICY'))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    return done.stdout.split()
+
+
+def test_avx512_kernels_chosen_only_when_unset_and_supported():
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE",
+                                                             "OMP_WAIT_POLICY")}
+    with open("/proc/cpuinfo") as f:
+        flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    expected = "SkylakeX" if threads._AVX512 <= flags else "None"
+    assert _env_after_import(env) == [expected, "passive"]
+    env.update(OPENBLAS_CORETYPE="Haswell", OMP_WAIT_POLICY="active")   # explicit wins
+    assert _env_after_import(env) == ["Haswell", "active"]
+
+
+def test_share_of_cores_per_worker():
+    assert threads.share(1) == threads.cores()
+    assert threads.share(10 * threads.cores()) == 1
