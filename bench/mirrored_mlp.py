@@ -22,32 +22,10 @@ import numpy as np
 
 import graphdist as gd
 from bench.common import interleaved, save, table
-from bench.peers.common import BATCH, SIZES, data, init
+from bench.models import make_step
+from bench.peers.common import BATCH, SIZES, data
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def make_step(strategy, optimizer: str):
-    with strategy.scope():
-        ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(init())]
-        opt = (gd.optimizers.Adam(1e-3) if optimizer == "adam"
-               else gd.optimizers.SGD(0.01, momentum=0.9))
-
-    @gd.function
-    def step(batch):
-        def replica_fn(x, y):
-            with gd.GradientTape() as tape:
-                h = x
-                for i in range(0, len(ws), 2):
-                    h = h @ ws[i] + ws[i + 1]
-                    if i + 2 < len(ws):
-                        h = gd.relu(h)
-                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, h))
-            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
-            return loss
-        return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
-
-    return step, ws
 
 
 def peer_python() -> str | None:

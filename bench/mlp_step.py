@@ -12,21 +12,12 @@ import numpy as np
 import graphdist as gd
 from bench.common import interleaved, save, table
 
-SIZES = (784, 1024, 1024, 10)
-BATCH = 512
-LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-7
+from bench.models import B1, B2, EPS, make_step
+from bench.peers.common import BATCH, LR, SIZES, init
+
 # forward: three x @ W; backward: three dW = h.T @ d and two d @ W.T (no gradient for x)
 _LAYERS = list(zip(SIZES[:-1], SIZES[1:]))
 MATMUL_FLOPS = 2 * BATCH * (2 * sum(a * b for a, b in _LAYERS) + sum(a * b for a, b in _LAYERS[1:]))
-
-
-def init(seed=0):
-    rng = np.random.default_rng(seed)
-    params = []
-    for a, b in zip(SIZES[:-1], SIZES[1:]):
-        params += [(rng.standard_normal((a, b)) * np.sqrt(2 / a)).astype(np.float32),
-                   np.zeros(b, np.float32)]
-    return params
 
 
 class NumpyStep:
@@ -74,22 +65,8 @@ class NumpyStep:
 
 def graphdist_step(params, fused: bool):
     gd.config.set_fused_kernels(fused)
-    ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(params)]
-    opt = gd.optimizers.Adam(learning_rate=LR, beta_1=B1, beta_2=B2, epsilon=EPS)
-
-    @gd.function
-    def step(x, y):
-        with gd.GradientTape() as tape:
-            h = x
-            for i in range(0, len(ws), 2):
-                h = h @ ws[i] + ws[i + 1]
-                if i + 2 < len(ws):
-                    h = gd.relu(h)
-            loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, h))
-        opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
-        return loss
-
-    return step, ws
+    step, ws = make_step(gd.OneDeviceStrategy("cpu:0"), "adam", params)
+    return (lambda x, y: step((x, y))), ws
 
 
 def main(repeat: int = 20) -> dict:

@@ -30,3 +30,18 @@ from graphdist.trace import Tensor, function, name_scope
 from graphdist.variables import Variable
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint", "CheckpointError", "CrossDeviceOps", "GradientTape", "Graph", "GraphError",
+    "HierarchicalCopyAllReduce", "HostAllReduce", "Mirrored", "MirroredStrategy", "NcclAllReduce",
+    "OneDeviceStrategy", "PerReplica", "ReduceOp", "ReductionToOneDevice", "ReplicaContext",
+    "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",
+    "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "broadcast_to",
+    "cast", "choose_cross_device_ops", "concat", "config", "data", "devices", "divide", "equal",
+    "exp", "expand_dims", "function", "get_replica_context", "get_strategy", "greater",
+    "greater_equal", "has_strategy", "in_cross_replica_context", "less", "less_equal", "log",
+    "matmul", "maximum", "minimum", "multiply", "name_scope", "negative", "nn", "not_equal",
+    "one_hot", "ones_like", "optimizers", "power", "reduce_max", "reduce_mean", "reduce_sum",
+    "relu", "reshape", "shape", "sigmoid", "split", "sqrt", "square", "squeeze", "stop_gradient",
+    "subtract", "tanh", "transpose", "value_and_grad", "where", "zeros_like",
+]

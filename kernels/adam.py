@@ -31,7 +31,6 @@ from .common import (
     flat,
     grid,
     same_dtype,
-    tensor_list,
 )
 
 

@@ -20,7 +20,6 @@ from .common import (
     flat,
     grid,
     same_dtype,
-    tensor_list,
 )
 
 

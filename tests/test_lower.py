@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from graphdist.runtime.lower import ARENA_MIN_BYTES
 
 N = 128 * 128  # float32 elements, 64 KiB: every (N,) array gets an arena buffer
 

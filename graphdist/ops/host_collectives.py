@@ -6,12 +6,9 @@ on first use, so importing this module does not import numba.
 
 from __future__ import annotations
 
-import functools
-
 from graphdist.ops.collectives import REDUCE_OPS, _same_types
 from graphdist.ops.core import Op, require_float
 
-CHUNK = 1 << 16   # elements per parallel task: the running sum of one task stays in L2
 # below this many input bytes a few numpy passes over buffers still in cache beat waking a
 # thread team. With OpenMP threads waiting passively and logical CPU devices run as one
 # program, the kernel wins from about 1 MiB (4 x 7.1 MiB: 2.0 ms vs 2.9 ms for numpy).
@@ -56,47 +53,19 @@ def _host_all_reduce_out(xp, outs, *xs, op):   # outs: n x (size,), one per repl
         return
     import numba
 
-    xs = tuple(xp.ascontiguousarray(x) for x in xs)   # tuples: faster in the kernel than Lists
-    count = outs[0].dtype.type(len(xs))
+    from graphdist.kernels.reduce import all_reduce_cpu
+
     # the other replicas wait for this node, so it may use every core, not one worker's share
     before = numba.get_num_threads()
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     try:
-        _kernel()(xs, tuple(outs), count, op == "mean")
+        all_reduce_cpu([xp.ascontiguousarray(x) for x in xs], op, outs=outs)
     finally:
         numba.set_num_threads(before)
 
 
 host_all_reduce_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
                                                    2 * sum(t.nbytes for t in ins)))
-
-
-@functools.cache
-def _kernel():
-    from numba import njit, prange
-
-    @njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
-    def all_reduce_into(bufs, outs, count, mean):  # bufs, outs: tuples of (n,)
-        n = outs[0].size
-        for c in prange((n + CHUNK - 1) // CHUNK):
-            start, stop = c * CHUNK, min(c * CHUNK + CHUNK, n)
-            acc = outs[0][start:stop]
-            first = bufs[0][start:stop]
-            for i in range(stop - start):
-                acc[i] = first[i]
-            for k in range(1, len(bufs)):
-                b = bufs[k][start:stop]
-                for i in range(stop - start):
-                    acc[i] += b[i]
-            if mean:
-                for i in range(stop - start):
-                    acc[i] /= count
-            for k in range(1, len(outs)):   # the chunk is still in cache: copy it out
-                o = outs[k][start:stop]
-                for i in range(stop - start):
-                    o[i] = acc[i]
-
-    return all_reduce_into
 
 
 def host_all_reduce_ref(xs, op: str = "sum"):

@@ -84,7 +84,7 @@ def _clone_eqn(b: Builder, d: int, eqn, mapping: dict, namer: Namer, devices) ->
         mapping[eqn.outputs[0]] = Lit(np.int32(d), ArrayType((), np.dtype("int32")))
         return
     ins = [_mapped(mapping, v) for v in eqn.inputs]
-    outs = b.add(eqn.op, ins, devices[d], **dict(eqn.params))
+    b.add(eqn.op, ins, devices[d], **dict(eqn.params))
     b.eqns[-1] = _with(b.eqns[-1], eqn, [namer(v) for v in eqn.outputs])
     for old, new in zip(eqn.outputs, b.eqns[-1].outputs):
         mapping[old] = new

@@ -113,7 +113,7 @@ class MultiDeviceExecutable:
 
     def _program(self, d: int, device: str, crossing: dict, producer: dict):
         g = self.graph
-        a, r = self.args_per_replica, self.results_per_replica
+        a = self.args_per_replica
         n_states = len(g.variables) // self.replicas
         eqns = tuple(e for e in g.eqns if e.device == device)
         reads = [v for e in eqns for v in e.inputs] + list(self._outputs_of(d))
@@ -195,7 +195,7 @@ class SequentialExecutable:
         self.graph = placed
         self.devices = placed.devices
         self.replicas = len(self.devices)
-        a, r = placed.meta["args_per_replica"], placed.meta["results_per_replica"]
+        r = placed.meta["results_per_replica"]
         shared = set(shared_results)
         self.results_per_device = [[k for k in range(r) if d == 0 or k not in shared]
                                    for d in range(self.replicas)]
@@ -211,7 +211,6 @@ class SequentialExecutable:
                              events=[] if profile else None)
         self.programs = [self.program]
         self.source = self.program.source
-        del a
 
     def __call__(self, arrays):
         threads.set_blas_threads(None)

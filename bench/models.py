@@ -1,0 +1,38 @@
+"""The benchmark MLP (784-1024-1024-10, relu) as a graphdist step; the peers' versions of
+the same model live in bench/peers/."""
+
+from __future__ import annotations
+
+import graphdist as gd
+from bench.peers.common import LR, init
+
+B1, B2, EPS = 0.9, 0.999, 1e-7
+
+
+def mlp_loss(ws, x, y):
+    h = x
+    for i in range(0, len(ws), 2):
+        h = h @ ws[i] + ws[i + 1]
+        if i + 2 < len(ws):
+            h = gd.relu(h)
+    return gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, h))
+
+
+def make_step(strategy, optimizer: str = "adam", params=None):
+    """(step, variables): step(batch) trains one step of the MLP under `strategy` and returns
+    the mean loss; `optimizer` is "adam" (lr 1e-3) or "momentum" (SGD lr 0.01, momentum 0.9)."""
+    with strategy.scope():
+        ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(params or init())]
+        opt = (gd.optimizers.Adam(LR, B1, B2, EPS) if optimizer == "adam"
+               else gd.optimizers.SGD(0.01, momentum=0.9))
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                loss = mlp_loss(ws, x, y)
+            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+            return loss
+        return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
+
+    return step, ws
