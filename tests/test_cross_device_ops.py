@@ -269,3 +269,44 @@ def test_reprs_and_bad_arguments():
     assert repr(cdo.HostAllReduce()) == "HostAllReduce()"
     with pytest.raises(ValueError, match="num_chunks"):
         cdo.RingAllReduce(0)
+
+
+def test_host_all_reduce_runs_in_place_on_dying_buckets_in_a_training_step():
+    """Gradient buckets die at their all-reduce, so HostAllReduce writes each replica's result
+    over its own bucket (one pass); the step still equals one device."""
+    rng = np.random.default_rng(7)
+    w0 = rng.standard_normal((64, 128)).astype(np.float32) * 0.1      # 32 KiB: arena-sized
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    results = {}
+    for devices in (["cpu:0"], ["cpu:0", "cpu:1"]):
+        strategy = gd.MirroredStrategy(devices, cross_device_ops=gd.HostAllReduce())
+        with strategy.scope():
+            w = gd.Variable(w0, name="w")
+            opt = gd.optimizers.SGD(0.1)
+
+        @gd.function
+        def step(batch):
+            def replica_fn(xb):
+                with gd.GradientTape() as tape:
+                    loss = gd.reduce_mean(gd.tanh(xb @ w) ** 2.0)
+                opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+                return loss
+            return strategy.reduce("mean", strategy.run(replica_fn, args=(batch,)))
+
+        batch = next(iter(strategy.experimental_distribute_dataset([x])))
+        for _ in range(3):
+            step(batch)
+        results[len(devices)] = w.numpy()
+        if len(devices) == 2:
+            program = step._latest().executable.programs[0]
+            env = program.fn.__globals__
+            line = next(x for x in program.source.splitlines() if x.lstrip().startswith("O")
+                        and "((" in x and env[x.split("(")[0].strip()].func.__name__
+                        == "_host_all_reduce_out")
+            outs = line.split("((")[1].split(")")[0].rstrip(",").split(", ")
+            assert all(o.startswith("B") for o in outs)
+            bucket_bufs = [a for a in env if a.startswith("B") and env[a].shape == (64, 128)]
+            shared = [o for o in outs if any(np.shares_memory(env[o], env[b])
+                                             for b in bucket_bufs)]
+            assert len(shared) == 2, "the all-reduce did not write over its dying buckets"
+    np.testing.assert_allclose(results[2], results[1], rtol=1e-5, atol=1e-6)

@@ -23,7 +23,7 @@ class CrossDeviceOps:
         raise NotImplementedError
 
     def broadcast(self, b: Builder, xs: list[Var], source: int, devices: tuple) -> list[Var]:
-        (src,) = sendable(b, [xs[source]], [len(devices) > 1])
+        src = xs[source]
         return [xs[d] if d == source else copy_to(b, src, dev) for d, dev in enumerate(devices)]
 
     def __repr__(self) -> str:
@@ -58,15 +58,6 @@ def near_equal(total: int, parts: int) -> list[int]:
     return [q + (i < r) for i in range(parts)]
 
 
-def sendable(b: Builder, xs: list[Var], sent: list[bool]) -> list[Var]:
-    """xs, where sent[d] (another device reads xs[d]) as a value an eqn made: a graph input
-    gets a view on its own device. TODO: return xs once the executor posts graph inputs that
-    another device reads (today that reader waits until the collective timeout)."""
-    made = {v for eqn in b.eqns for v in eqn.outputs}
-    return [b.add1(OPS["reshape"], [x], x.device, shape=x.ty.shape)
-            if s and x not in made else x for x, s in zip(xs, sent)]
-
-
 def _reshaped(b: Builder, x: Var, shape: tuple) -> Var:
     return x if x.ty.shape == shape else b.add1(OPS["reshape"], [x], x.device, shape=shape)
 
@@ -86,7 +77,7 @@ class ReductionToOneDevice(CrossDeviceOps):
 
         target = canonical(self.reduce_to_device) if self.reduce_to_device else devices[0]
         parts = [copy_to(b, x, target)
-                 for x in sendable(b, xs, [dev != target for dev in devices])]
+                 for x in xs]
         result = finish_mean(b, sum_in_order(b, parts, target), n, target, op)
         return [copy_to(b, result, dev) for dev in devices]
 
@@ -184,8 +175,6 @@ class HierarchicalCopyAllReduce(CrossDeviceOps):
         index = {dev: d for d, dev in enumerate(devices)}
         groups = groups_of(devices, self.num_groups)
         leaders = [group[0] for group in groups]
-        xs = sendable(b, xs, [dev != group[0] or len(groups) > 1 and len(group) == 1
-                              for group in groups for dev in group])
         partials = [sum_in_order(b, [copy_to(b, xs[index[dev]], group[0]) for dev in group],
                                  group[0]) for group in groups]
         totals = {lead: finish_mean(b, sum_in_order(b, [copy_to(b, p, lead) for p in partials],
@@ -208,15 +197,11 @@ class HostAllReduce(CrossDeviceOps):
         n, size = len(devices), xs[0].ty.size
         if n == 1:
             return [finish_mean(b, xs[0], 1, devices[0], op)]
-        flats = sendable(b, [_reshaped(b, x, (size,)) for x in xs],
-                         [dev != devices[0] for dev in devices])
-        # every result is taken by a view on its own device, even where the shape is the
-        # same: the executor cannot yet return a result another device made (TODO: drop then)
+        flats = [_reshaped(b, x, (size,)) for x in xs]
         outs = tuple(Var(f.ty, None, dev) for f, dev in zip(flats, devices))
         b.eqns.append(Eqn(OPS["host_all_reduce"], tuple(flats), outs, (("op", op),),
                           device=devices[0], scope=b.scope))
-        return [b.add1(OPS["reshape"], [out], out.device, shape=x.ty.shape)
-                for out, x in zip(outs, xs)]
+        return [_reshaped(b, out, x.ty.shape) for out, x in zip(outs, xs)]
 
 
 class NcclAllReduce(CrossDeviceOps):

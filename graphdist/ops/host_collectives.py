@@ -39,7 +39,7 @@ def _host_all_reduce_impl(xp, *xs, op):   # xs: n x (size,)
     return tuple(acc.copy() for _ in xs)  # every replica owns its result
 
 
-@host_all_reduce_p.def_out
+@host_all_reduce_p.def_out(may_alias=True)   # outs[k] may be xs[k]: chunk-wise in place
 def _host_all_reduce_out(xp, outs, *xs, op):   # outs: n x (size,), one per replica
     if xp.__name__ != "numpy" or sum(x.nbytes for x in xs) < PARALLEL_MIN_BYTES:
         acc = outs[0]                           # a few passes over buffers still in cache

@@ -243,11 +243,17 @@ class _Lowering:
         elif more and op.out_impl is not None and not op.elementwise and all(
                 v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs):
             # several outputs: out_impl(xp, (out0, out1, ...), *ins); buffers never donated
-            bufs = [self.buffer_for(eqn, i, v) for v in eqn.outputs]
+            bufs = [self.fresh_buffer(v) if v in self.returned
+                    else self.donated(eqn, i, k) or self.buffer_for(eqn, i, v)
+                    for k, v in enumerate(eqn.outputs)]
             fn = self.glob("O", functools.partial(op.out_impl, self.xp, **params))
             self.emit(f"{fn}(({', '.join(bufs)},){', ' if args else ''}{args})", eqn)
             for v, buf in zip(eqn.outputs, bufs):
-                self.bind_buffer(v, buf)
+                if buf.startswith("v"):
+                    self.name[v] = buf
+                    self.fresh_names.setdefault(v, []).append(buf)
+                else:
+                    self.bind_buffer(v, buf)
         else:
             fn = (self.glob("U", getattr(self.xp, op.ufunc)) if op.ufunc and not params
                   else self.glob("F", functools.partial(op.impl, self.xp, **params)))
@@ -259,6 +265,32 @@ class _Lowering:
                 r = self.root(v)
                 if r is v or r in self.fresh_names:
                     self.fresh_names.setdefault(r, []).append(n)
+
+    def donated(self, eqn, i: int, k: int) -> str | None:
+        """Input k's buffer for output k, when the op may write over its inputs (in-place
+        collectives) and input k dies here: one pass instead of a read and a fresh write."""
+        if not eqn.op.out_may_alias or k >= len(eqn.inputs):
+            return None
+        v, out = eqn.inputs[k], eqn.outputs[k]
+        if not isinstance(v, Var):
+            return None
+        root = self.root(v)     # a flattening view of a dying buffer donates that buffer
+        roots = [self.root(x) for x in eqn.inputs if isinstance(x, Var)]
+        if not (root in self.arena_of and root not in self.placed and self.dies_at(root, i)
+                and roots.count(root) == 1 and root.ty.dtype == out.ty.dtype
+                and root.ty.size == out.ty.size):
+            return None
+        buf = self.arena_of.pop(root)
+        if root.ty.shape == out.ty.shape:
+            return buf
+        return self.glob("B", self.env[buf].reshape(out.ty.shape))
+
+    def fresh_buffer(self, v: Var) -> str:
+        """A new array each call, for a value handed to the caller (no copy on return)."""
+        name = f"v{next(self.counter)}"
+        empty = self.glob("E", functools.partial(self.xp.empty, v.ty.shape, v.ty.dtype))
+        self.emit(f"{name} = {empty}()")
+        return name
 
     def lower_packed_concat(self, eqn) -> None:
         name, inside = self.packed[eqn]
