@@ -64,3 +64,21 @@ def test_python_dash_m_graphdist():
     done = subprocess.run([sys.executable, "-m", "graphdist", "devices"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "cpu:0" in done.stdout
+
+
+def test_cli_show_prints_and_exports(tmp_path, capsys):
+    html, dot = tmp_path / "step.html", tmp_path / "step.dot"
+    assert main(["show", "graphdist.examples.mlp_digits:traced_step", "--devices", "2",
+                 "--html", str(html), "--dot", str(dot), "--summary"]) == 0
+    out = capsys.readouterr().out
+    assert "on cpu:0,cpu:1" in out and "# replica cpu:1" in out and "peak live bytes" in out
+    assert html.stat().st_size > 1000 and "cpu:1" in html.read_text()
+    assert "cluster_dev0" in dot.read_text() and "cluster_dev1" in dot.read_text()
+
+
+def test_cli_demo_on_two_devices_checks_against_one(tmp_path, capsys):
+    html = tmp_path / "demo.html"
+    assert main(["demo", "--devices", "2", "--steps", "20", "--html", str(html)]) == 0
+    out = capsys.readouterr().out
+    difference = float(out.split("max |parameter difference| vs one device: ")[1].split()[0])
+    assert difference < 1e-4 and str(html) in out and html.exists()
