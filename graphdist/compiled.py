@@ -58,7 +58,8 @@ class Compiled:
         self.graph = graph
         self.rebuild = rebuild       # rebuild(profile=True) -> an instrumented executable
         self.out_tree = out_tree
-        self.out_kinds = out_kinds   # per output leaf: ("static", v) | ("mirrored",) | ("per_replica",)
+        # per output leaf: ("static", value) | ("mirrored",) | ("per_replica",)
+        self.out_kinds = out_kinds
         self.executable = executable
         self.feeds = feeds           # per replica: indices of the call's leaves it takes
 

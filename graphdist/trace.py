@@ -49,7 +49,8 @@ class Tensor(Operators, Symbolic):
     ty = property(lambda self: self.var.ty)
 
     def __repr__(self) -> str:
-        return f"<gd.Tensor {self.var.ty}{' ' + self.var.hint if getattr(self.var, 'hint', None) else ''}>"
+        hint = getattr(self.var, "hint", None)
+        return f"<gd.Tensor {self.var.ty}{' ' + hint if hint else ''}>"
 
     def __bool__(self):
         raise TraceError("a symbolic gd.Tensor has no truth value while tracing; Python "

@@ -19,7 +19,8 @@ def _rng(seed=0):
 PROGRAMS = {
     "where_donates_its_input": lambda x, y: gd.where(x > 0, x * 3.0, 0.0),
     "relu_grad_chain": lambda x, y: gd.relu(gd.relu(x) - y) * 2.0 + gd.sigmoid(y),
-    "self_transpose": lambda x, y: gd.reshape(x, (128, -1)) + gd.transpose(gd.reshape(x, (128, -1))),
+    "self_transpose": lambda x, y: (gd.reshape(x, (128, -1))
+                                    + gd.transpose(gd.reshape(x, (128, -1)))),
     "broadcast_and_reduce": lambda x, y: gd.reduce_sum(gd.reshape(x, (128, -1)), axis=0,
                                                        keepdims=True) * gd.reshape(y, (128, -1)),
     "cast_roundtrip": lambda x, y: gd.cast(gd.cast(x * 100.0, "int32"), "float32") - y,
@@ -151,7 +152,7 @@ def test_runtime_error_names_node_device_and_source_and_keeps_variables(failing_
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_long_programs_split_into_chunks_compute_the_same(name, monkeypatch):
-    import graphdist.runtime.lower as lower_module
+    import graphdist.runtime.program as lower_module
 
     monkeypatch.setattr(lower_module, "CHUNK_LINES", 3)
     fn = PROGRAMS[name]

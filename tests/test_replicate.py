@@ -437,5 +437,6 @@ def test_all_reduce_of_differently_shaped_shards_is_a_shape_error(lowering):
                             args=(x,))
 
     batch = next(iter(strategy.experimental_distribute_dataset([np.ones((10, 2))])))
-    with pytest.raises(gd.ShapeError, match=r"all_reduce.*f64\[3,2\] on cpu:0.*f64\[2,2\] on cpu:2"):
+    pattern = r"all_reduce.*f64\[3,2\] on cpu:0.*f64\[2,2\] on cpu:2"
+    with pytest.raises(gd.ShapeError, match=pattern):
         f(batch)

@@ -215,7 +215,8 @@ def _reduce(name: str, fn: str, floats_only=False) -> Op:
         axes = normalize_axis(name, axis, x.ndim)
         if name == "reduce_max" and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{name}: cannot reduce an empty axis of {x}")
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keepdims or i not in axes)
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)
+                      if keepdims or i not in axes)
         return ArrayType(shape, x.dtype)
 
     op.def_impl(lambda xp, x, *, axis, keepdims: getattr(xp, fn)(x, axis=axis, keepdims=keepdims))

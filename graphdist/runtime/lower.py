@@ -11,61 +11,16 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
-import sys
-import threading
-import traceback
 
 import numpy as np
 
 from graphdist import config
-from graphdist.ir import Graph, Lit, Var, eqn_text
+from graphdist.ir import Graph, Lit, Var
 from graphdist.passes.schedule import liveness
 from graphdist.runtime.backends import Backend
+from graphdist.runtime.program import Program, compile_program
 
 ARENA_MIN_BYTES = 16 * 1024
-_program_ids = itertools.count()
-
-
-class Program:
-    """A compiled one-device graph: call it with the argument arrays, get the results."""
-
-    def __init__(self, graph: Graph, fn, source: str, line_eqns: dict, device: str):
-        # line_eqns: (filename, lineno) of generated code -> the eqn it runs
-        self.graph = graph
-        self.fn = fn
-        self.source = source
-        self.line_eqns = line_eqns
-        self.device = device
-        self.lock = threading.Lock()
-
-    def __call__(self, *arrays):
-        with self.lock:
-            try:
-                return self.fn(*arrays)
-            except Exception as e:
-                raise _annotated(e, self) from e.__cause__
-
-
-def _annotated(e: Exception, program: Program) -> Exception:
-    eqn = None
-    for frame, lineno in traceback.walk_tb(e.__traceback__):
-        eqn = program.line_eqns.get((frame.f_code.co_filename, lineno), eqn)
-    if eqn is None:
-        return e
-    where = f"while executing  {eqn_text(eqn, device=False)}  on {eqn.device or program.device}"
-    if eqn.source:
-        where += f"\n  traced at  {eqn.source}"
-    try:
-        new = type(e)(f"{e}\n  {where}")
-        new.__traceback__ = e.__traceback__
-        return new
-    except Exception:
-        if hasattr(e, "add_note"):
-            e.add_note(where)
-        return e
-
-
 class _Lowering:
     def __init__(self, g: Graph, backend: Backend, storage: dict, fused: bool,
                  imports: dict | None = None, exports: dict | None = None,
@@ -126,7 +81,8 @@ class _Lowering:
     def sink_storage(self, out: Var, i: int, elementwise: bool):
         """The variable storage `out` may be written into: `out` is that variable's final
         state and the old value is not read after eqn i (or only by this elementwise eqn)."""
-        for var_in, final in zip(self.g.inputs[self.g.num_args:], self.g.outputs[self.g.num_results:]):
+        g = self.g
+        for var_in, final in zip(g.inputs[g.num_args:], g.outputs[g.num_results:]):
             if self.root(final) is out and final is not var_in:
                 last = self.live.last_use.get(var_in, -1)
                 if last < i or (last == i and elementwise):
@@ -381,72 +337,8 @@ class _Lowering:
                       f"{dst}[...] = {snap.get(src, src)}")
 
     def finish(self, arg_names) -> Program:
-        """Compile the lines; long programs become a chain of functions of CHUNK_LINES lines
-        each, because CPython compiles one huge function in superlinear time."""
-        program_id = next(_program_ids)
-        lines, eqns = self.lines or ["    pass"], self.line_eqn or [None]
-        if len(lines) <= CHUNK_LINES:
-            chunks = [(arg_names, lines, eqns, None)]
-        else:
-            chunks = _split(arg_names, lines, eqns)
-        sources, line_eqns, calls = [], {}, []
-        for k, (params, body, body_eqns, returns) in enumerate(chunks):
-            name = "program" if returns is None and k == 0 else f"chunk{k}"
-            filename = f"<graphdist program {program_id}{'' if name == 'program' else ' ' + name}>"
-            tail = [f"    return ({', '.join(returns)}{',' if len(returns) == 1 else ''})"] \
-                if returns is not None else []
-            source = f"def {name}({', '.join(params)}):\n" + "\n".join(body + tail)
-            exec(compile(source, filename, "exec"), self.env)
-            sources.append(source)
-            line_eqns.update({(filename, i + 2): e for i, e in enumerate(body_eqns) if e})
-            if returns is not None:
-                target = f"{', '.join(returns)}{',' if len(returns) == 1 else ''} = " \
-                    if returns else ""
-                calls.append(f"    {target}{name}({', '.join(params)})")
-            else:
-                calls.append(f"    return {name}({', '.join(params)})")
-        if len(chunks) > 1:
-            source = f"def program({', '.join(arg_names)}):\n" + "\n".join(calls)
-            exec(compile(source, f"<graphdist program {program_id}>", "exec"), self.env)
-            sources.insert(0, source)
-        fn = self.env["program"]
-        program = Program(self.g, fn, "\n\n".join(sources), line_eqns,
-                          self.g.devices[0] if self.g.devices else "cpu:0")
-        program.events = self.events
-        return program
-
-
-CHUNK_LINES = 1000
-_LOCAL = re.compile(r"\b(?:[av]\d+|_t0)\b")   # _t0: a profiled eqn's start time
-
-
-def _split(arg_names, lines, eqns) -> list:
-    """Cut the body into chunks; each takes the locals it (or a later chunk) reads that were
-    made before it and returns those made up to it that later chunks read."""
-    pieces = [(lines[i:i + CHUNK_LINES], eqns[i:i + CHUNK_LINES])
-              for i in range(0, len(lines), CHUNK_LINES)]
-    reads_after = [set() for _ in pieces]            # locals read in chunk k or later
-    later: set = set()
-    for k in range(len(pieces) - 1, -1, -1):
-        later |= {n for line in pieces[k][0] for n in _LOCAL.findall(line)}
-        reads_after[k] = set(later)
-    chunks, made = [], list(arg_names)
-    for k, (body, body_eqns) in enumerate(pieces):
-        params = [n for n in made if n in reads_after[k]]
-        written = [m for line in body for m in _LOCAL.findall(line.split(" = ")[0])
-                   if " = " in line]
-        made = params + [n for n in written if n not in params]
-        last = k == len(pieces) - 1
-        returns = None if last else [n for n in made if k + 1 < len(pieces)
-                                     and n in reads_after[k + 1]]
-        chunks.append((params, body, body_eqns, returns))
-        if not last:
-            made = returns
-    # the last chunk ends with the program's own return statement
-    params, body, body_eqns, _ = chunks[-1]
-    chunks[-1] = (params, body, body_eqns, None)
-    return chunks
-
+        return compile_program(self.lines, self.line_eqn, self.env, arg_names, self.g,
+                               self.events)
 
 def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None,
           imports: dict | None = None, exports: dict | None = None,
@@ -457,9 +349,3 @@ def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None,
     fused = config.fused_kernels() if fused is None else fused
     return _Lowering(g, backend, storage, fused, imports, exports, events).run()
 
-
-def program_source(program: Program) -> str:
-    return program.source
-
-
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
