@@ -374,3 +374,53 @@ def test_failed_save_keeps_the_old_checkpoint(tmp_path, monkeypatch, where):
     assert Path(path).read_bytes() == old
     ckpt.restore(path)
     np.testing.assert_array_equal(v.numpy(), np.arange(4.0))
+
+
+def test_mirrored_training_checkpoint_restores_onto_fewer_replicas(tmp_path):
+    """Train on 4 replicas, save, restore into a fresh model and optimizer on 2 replicas and
+    on 1 device: the next steps match continuing on 4 (equal shards, mean gradients)."""
+    import graphdist as gd
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    y = rng.standard_normal((16, 3)).astype(np.float32)
+    w0 = rng.standard_normal((8, 3)).astype(np.float32)
+
+    def build(n):
+        strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(n)])
+        with strategy.scope():
+            w = gd.Variable(w0, name="w")
+            seen = gd.Variable(0.0, name="seen",
+                               synchronization=gd.VariableSynchronization.ON_READ,
+                               aggregation=gd.VariableAggregation.SUM)
+            opt = gd.optimizers.Adam(0.05)
+
+        @gd.function
+        def step(batch):
+            def replica_fn(xb, yb):
+                with gd.GradientTape() as tape:
+                    loss = gd.reduce_mean((xb @ w - yb) ** 2.0)
+                opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+                seen.assign_add(gd.cast(gd.shape(xb)[0], "float32"))
+                return loss
+            return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
+
+        batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
+        return (lambda: step(batch)), w, seen, opt
+
+    step4, w4, seen4, opt4 = build(4)
+    for _ in range(3):
+        step4()
+    path = Checkpoint(w=w4, seen=seen4, opt=opt4).save(tmp_path / "ckpt.npz")
+    assert seen4.numpy() == 48.0                      # 3 steps x 16 examples, summed
+    for n in (2, 1):
+        step_n, w_n, seen_n, opt_n = build(n)
+        Checkpoint(w=w_n, seen=seen_n, opt=opt_n).restore(path)
+        np.testing.assert_array_equal(w_n.numpy(), w4.numpy())
+        assert seen_n.numpy() == 48.0 and len(seen_n.values) == n
+        assert int(opt_n.iterations.numpy()) == 3
+        step_n()
+    reference = [c.copy() for c in w4.values]
+    step4()
+    np.testing.assert_allclose(w_n.numpy(), w4.numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(reference[0], w4.values[0])
