@@ -45,9 +45,18 @@ def interleaved(fns: dict, repeat: int = 30, warmup: int = 3) -> dict:
 
 
 def machine() -> dict:
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} "
+                f"x{i.get('num_threads')}" for i in threadpool_info()
+                if i.get("user_api") == "blas"]
+    except ImportError:
+        blas = []
     return {"python": platform.python_version(), "numpy": np.__version__,
             "cpu_count": os.cpu_count(), "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine()}
+            "processor": platform.processor() or platform.machine(), "blas": blas,
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
 
 
 def table(title: str, header: list[str], rows: list[list]) -> str:
@@ -68,8 +77,10 @@ def _cell(c) -> str:
 
 
 def save(name: str, payload: dict) -> Path:
+    """Write results/NAME.json (NAME-TAG.json when $BENCH_TAG is set, e.g. "avx512")."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    tag = os.environ.get("BENCH_TAG")
+    path = RESULTS / f"{name}{'-' + tag if tag else ''}.json"
     payload = {"benchmark": name, "machine": machine(),
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), **payload}
     path.write_text(json.dumps(payload, indent=2, default=float))
