@@ -37,9 +37,12 @@ def peer_python() -> str | None:
 
 
 def run_peer(python: str, module: str, *args) -> dict | None:
+    from graphdist.runtime.threads import ENV_SET
+
+    env = {k: v for k, v in os.environ.items() if k not in ENV_SET}  # peers get the user's env
     try:
         done = subprocess.run([python, "-m", module, *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
+                              text=True, timeout=600, env=env)
     except subprocess.TimeoutExpired:
         return None
     for line in done.stdout.splitlines():

@@ -14,7 +14,9 @@ import threading
 # ran 2.3x slower). Passive waiting costs a few microseconds per kernel launch instead.
 # setdefault: an explicit OMP_WAIT_POLICY from the user wins. Must run before numba's
 # OpenMP layer loads, so graphdist/__init__.py imports this module.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+ENV_SET: dict = {}    # what graphdist added to os.environ (benchmarks hide it from peers)
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = ENV_SET["OMP_WAIT_POLICY"] = "passive"
 
 _AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 
@@ -32,7 +34,7 @@ def _prefer_avx512_blas() -> None:
     except OSError:
         return
     if _AVX512 <= set(flags.split()):
-        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+        os.environ["OPENBLAS_CORETYPE"] = ENV_SET["OPENBLAS_CORETYPE"] = "SkylakeX"
 
 
 _prefer_avx512_blas()
