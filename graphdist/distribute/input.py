@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphdist.distribute.values import PerReplica
+from graphdist.distribute.values import PerReplica, map_structure
 
 
 def shard_sizes(n_rows: int, n: int) -> list[int]:
@@ -23,12 +23,4 @@ def split_array(a, n: int) -> PerReplica:
 
 def distribute_batch(batch, n: int):
     """The same structure as `batch` with every array replaced by a PerReplica of shards."""
-    if isinstance(batch, PerReplica):
-        return batch
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(distribute_batch(b, n) for b in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(distribute_batch(b, n) for b in batch)
-    if isinstance(batch, dict):
-        return {k: distribute_batch(v, n) for k, v in batch.items()}
-    return split_array(batch, n)
+    return map_structure(lambda v: v if isinstance(v, PerReplica) else split_array(v, n), batch)

@@ -14,7 +14,7 @@ import numpy as np
 from graphdist.distribute import context
 from graphdist.distribute.devices import canonical, default_device, devices as all_devices
 from graphdist.distribute.input import distribute_batch
-from graphdist.distribute.values import PerReplica, ReduceOp, ValueContext
+from graphdist.distribute.values import PerReplica, ReduceOp, ValueContext, map_structure
 from graphdist.ops.core import Symbolic, current_tracer
 
 
@@ -35,18 +35,6 @@ def _reduce_op(op) -> ReduceOp:
         return ReduceOp(str(op).lower())
     except ValueError:
         raise ValueError(f"unknown reduce op {op!r}; use gd.ReduceOp.SUM or MEAN") from None
-
-
-def map_structure(fn, value):
-    if isinstance(value, PerReplica):
-        return fn(value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(map_structure(fn, v) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(map_structure(fn, v) for v in value)
-    if isinstance(value, dict):
-        return {k: map_structure(fn, v) for k, v in value.items()}
-    return fn(value)
 
 
 def _local(value, n: int = 1):

@@ -52,3 +52,16 @@ class ValueContext:
 
     replica_id_in_sync_group: int = 0
     num_replicas_in_sync: int = 1
+
+
+def map_structure(fn, value):
+    """fn applied to every leaf of nested tuples, lists and dicts; a PerReplica is a leaf."""
+    if isinstance(value, PerReplica):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(map_structure(fn, v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_structure(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: map_structure(fn, v) for k, v in value.items()}
+    return fn(value)

@@ -29,13 +29,16 @@ def _same_types(name: str, xs):
 all_reduce_p = Op("all_reduce", collective=True, num_outputs=None)
 
 
-@all_reduce_p.def_shape
-def _all_reduce_shape(*xs, op):
+def reduce_types(name: str, xs, op: str) -> tuple:
+    """The shape rule every all-reduce shares: one type per replica, all equal."""
     if op not in REDUCE_OPS:
-        raise ValueError(f"all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
+        raise ValueError(f"{name}: op must be one of {REDUCE_OPS}, got {op!r}")
     if op == "mean":
-        require_float("all_reduce[op=mean]", xs[0])
-    return _same_types("all_reduce", xs)
+        require_float(f"{name}[op=mean]", xs[0])
+    return _same_types(name, xs)
+
+
+all_reduce_p.def_shape(lambda *xs, op: reduce_types("all_reduce", xs, op))
 
 
 all_reduce_p.def_impl(lambda xp, x, *, op: (x,))

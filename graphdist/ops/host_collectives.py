@@ -6,8 +6,8 @@ on first use, so importing this module does not import numba.
 
 from __future__ import annotations
 
-from graphdist.ops.collectives import REDUCE_OPS, _same_types
-from graphdist.ops.core import Op, require_float
+from graphdist.ops.collectives import reduce_types
+from graphdist.ops.core import Op
 
 # below this many input bytes a few numpy passes over buffers still in cache beat waking a
 # thread team. With OpenMP threads waiting passively and logical CPU devices run as one
@@ -20,13 +20,7 @@ host_all_reduce_p = Op("host_all_reduce", collective=True, num_outputs=None,
                        differentiable=False)
 
 
-@host_all_reduce_p.def_shape
-def _host_all_reduce_shape(*xs, op):
-    if op not in REDUCE_OPS:
-        raise ValueError(f"host_all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
-    if op == "mean":
-        require_float("host_all_reduce[op=mean]", xs[0])
-    return _same_types("host_all_reduce", xs)
+host_all_reduce_p.def_shape(lambda *xs, op: reduce_types("host_all_reduce", xs, op))
 
 
 @host_all_reduce_p.def_impl
