@@ -21,6 +21,8 @@ from graphdist.runtime.backends import Backend
 from graphdist.runtime.program import Program, compile_program
 
 ARENA_MIN_BYTES = 16 * 1024
+
+
 class _Lowering:
     def __init__(self, g: Graph, backend: Backend, storage: dict, fused: bool,
                  imports: dict | None = None, exports: dict | None = None,
@@ -93,7 +95,7 @@ class _Lowering:
         """Zero-copy packing: a value that only exists to be flattened into a 1-D concat (a
         gradient going into its all-reduce bucket) is computed straight into its slice of
         the concat's buffer, so the concat copies nothing for it."""
-        producer = {v: (i, e) for i, e in enumerate(self.g.eqns) for v in e.outputs}
+        producer = {v: e for e in self.g.eqns for v in e.outputs}
         for i, eqn in enumerate(self.g.eqns):
             out = eqn.outputs[0] if eqn.op == "concat" else None
             if out is None or out.ty.ndim != 1 or out.ty.nbytes < ARENA_MIN_BYTES:
@@ -101,35 +103,45 @@ class _Lowering:
             name = self.glob("B", self.backend.empty(out.ty.shape, out.ty.dtype))
             offset, inside = 0, set()
             for v in eqn.inputs:
-                size = v.ty.size
-                root = self.root(v)
-                made = producer.get(root)
-                if (made is not None and root is not v and self.live.last_use.get(root) == i
-                        and root not in self.returned and root.ty.nbytes >= ARENA_MIN_BYTES
-                        and not made[1].op.view and (made[1].op.ufunc or made[1].op.out_impl)
-                        and len(made[1].outputs) == 1 and root.ty.dtype == out.ty.dtype
-                        and self.live.root.get(v) is root and producer.get(v, (0, None))[1]
-                        is not None and producer[v][1].op == "reshape"
-                        and producer[v][1].inputs[0] is root):
-                    view = self.env[name][offset:offset + size].reshape(root.ty.shape)
+                root = self.packable(v, i, producer, out.ty.dtype)
+                if root is not None:
+                    view = self.env[name][offset:offset + v.ty.size].reshape(root.ty.shape)
                     self.placed[root] = self.glob("B", view)
                     inside.add(v)
-                offset += size
+                offset += v.ty.size
             self.packed[eqn] = (name, inside)
 
-    def buffer_for(self, eqn, i: int, out: Var) -> str:
+    def packable(self, v, i: int, producer: dict, dtype):
+        """The value `v` flattens, if it can be computed in place in concat eqn i: v is
+        reshape(x), x dies at the concat, and x's op writes into a given buffer."""
+        made = producer.get(v)
+        if made is None or made.op != "reshape" or not isinstance(made.inputs[0], Var):
+            return None
+        x = made.inputs[0]
+        maker = producer.get(x)
+        if (maker is None or maker.op.view or len(maker.outputs) != 1
+                or not (maker.op.ufunc or maker.op.out_impl) or self.root(v) is not x):
+            return None
+        if (self.live.last_use.get(x) != i or x in self.returned or x.ty.dtype != dtype
+                or x.ty.nbytes < ARENA_MIN_BYTES):
+            return None
+        return x
+
+    def buffer_for(self, eqn, i: int, out: Var, k: int | None = None) -> str:
+        """Where output `out` (the k-th, for an op with several) is computed: its slice of a
+        packed concat, its variable's storage, a dying input's buffer, a pooled or a new
+        arena buffer."""
         if out in self.placed:
             return self.placed[out]
         sink = self.sink_storage(out, i, eqn.op.elementwise and eqn.op.out_may_alias)
         if sink:
             return sink
+        if eqn.op.out_may_alias:   # elementwise: any input; several outputs: input k
+            for v in eqn.inputs if k is None else eqn.inputs[k:k + 1]:
+                donated = self.donated(eqn, i, v, out)
+                if donated:
+                    return donated
         key = (out.ty.shape, out.ty.dtype, out.device)   # each device keeps its own buffers
-        if eqn.op.elementwise and eqn.op.out_may_alias:
-            roots = [self.root(v) for v in eqn.inputs if isinstance(v, Var)]
-            for v in eqn.inputs:
-                if (isinstance(v, Var) and self.root(v) is v and v in self.arena_of
-                        and v.ty == out.ty and self.dies_at(v, i) and roots.count(v) == 1):
-                    return self.arena_of.pop(v)
         free = self.pool.get(key)
         if free:
             return free.pop()
@@ -198,9 +210,8 @@ class _Lowering:
             self.bind_buffer(out, buf)
         elif more and op.out_impl is not None and not op.elementwise and all(
                 v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs):
-            # several outputs: out_impl(xp, (out0, out1, ...), *ins); buffers never donated
-            bufs = [self.fresh_buffer(v) if v in self.returned
-                    else self.donated(eqn, i, k) or self.buffer_for(eqn, i, v)
+            # several outputs: out_impl(xp, (out0, out1, ...), *ins)
+            bufs = [self.fresh_buffer(v) if v in self.returned else self.buffer_for(eqn, i, v, k)
                     for k, v in enumerate(eqn.outputs)]
             fn = self.glob("O", functools.partial(op.out_impl, self.xp, **params))
             self.emit(f"{fn}(({', '.join(bufs)},){', ' if args else ''}{args})", eqn)
@@ -222,19 +233,17 @@ class _Lowering:
                 if r is v or r in self.fresh_names:
                     self.fresh_names.setdefault(r, []).append(n)
 
-    def donated(self, eqn, i: int, k: int) -> str | None:
-        """Input k's buffer for output k, when the op may write over its inputs (in-place
-        collectives) and input k dies here: one pass instead of a read and a fresh write."""
-        if not eqn.op.out_may_alias or k >= len(eqn.inputs):
+    def donated(self, eqn, i: int, v, out: Var) -> str | None:
+        """Input v's buffer for `out`, when v (or the buffer v views, e.g. flattened) dies at
+        this eqn and nothing else here reads it: one pass instead of a read and a fresh
+        write. Only for ops whose out= impls may alias their inputs."""
+        if not isinstance(v, Var) or not (eqn.op.elementwise or v.ty.size == out.ty.size):
             return None
-        v, out = eqn.inputs[k], eqn.outputs[k]
-        if not isinstance(v, Var):
-            return None
-        root = self.root(v)     # a flattening view of a dying buffer donates that buffer
+        root = self.root(v)
         roots = [self.root(x) for x in eqn.inputs if isinstance(x, Var)]
         if not (root in self.arena_of and root not in self.placed and self.dies_at(root, i)
                 and roots.count(root) == 1 and root.ty.dtype == out.ty.dtype
-                and root.ty.size == out.ty.size):
+                and root.ty.size == out.ty.size and (root is v or not eqn.op.elementwise)):
             return None
         buf = self.arena_of.pop(root)
         if root.ty.shape == out.ty.shape:
