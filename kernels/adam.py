@@ -23,6 +23,7 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from .common import (
+    threads_for,
     tensor_group,
     CHUNK,
     check_sizes,
@@ -106,7 +107,8 @@ def adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0) -> 
     """
     same_dtype("adam_cpu", p, g, m, v)
     scalars = _scalars(p.dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
-    _adam_flat(flat(p), flat(g), flat(m), flat(v), *scalars)
+    with threads_for(4 * p.nbytes):
+        _adam_flat(flat(p), flat(g), flat(m), flat(v), *scalars)
 
 
 def adamw_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr) -> None:
@@ -157,9 +159,10 @@ def adam_multi_cpu(
         return
     ps, gs, ms, vs = tensor_group(params, grads, ms, vs)
     same_dtype("adam_multi_cpu", ps, gs, ms, vs)
-    _adam_multi(
-        ps, gs, ms, vs, *_scalars(ps[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
-    )
+    with threads_for(4 * sum(a.nbytes for a in ps)):
+        _adam_multi(
+            ps, gs, ms, vs, *_scalars(ps[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+        )
 
 
 def adamw_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import cuda, njit, prange
 
-from .common import CHUNK, device_view, flat, grid, same_dtype
+from .common import CHUNK, device_view, flat, grid, same_dtype, threads_for
 
 _OPS = ("sum", "mean")
 
@@ -82,7 +82,8 @@ def all_reduce_cpu(bufs: Sequence[np.ndarray], op: str = "sum", out: np.ndarray 
         dsts = (flat(out),)
         if any(np.may_share_memory(dsts[0], b) for b in ts[1:]):
             raise ValueError("all_reduce_cpu: out overlaps a buffer other than bufs[0]")
-    _all_reduce(ts, dsts, dsts[0].dtype.type(len(ts)), op == "mean")
+    with threads_for(2 * sum(t.nbytes for t in ts)):
+        _all_reduce(ts, dsts, dsts[0].dtype.type(len(ts)), op == "mean")
     return bufs[0] if out is None else out
 
 
@@ -148,7 +149,8 @@ def scale_cpu(x: np.ndarray, a: float, out: np.ndarray) -> np.ndarray:
     >>> scale_cpu(np.ones(2, np.float32), 0.25, np.empty(2))
     array([0.25, 0.25])
     """
-    _scale(flat(x), _scale_factor(x, out, a), flat(out))
+    with threads_for(x.nbytes + out.nbytes):
+        _scale(flat(x), _scale_factor(x, out, a), flat(out))
     return out
 
 

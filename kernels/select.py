@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .common import threads_for
+
 
 def select_ref(c, x, y):
     """The spec: np.where.
@@ -35,9 +37,11 @@ def select_cpu(c, x, y, out) -> bool:
             and out.flags.c_contiguous and x.dtype == out.dtype):
         return False
     if y.ndim == 0:
-        _select_scalar(c.reshape(-1), x.reshape(-1), out.dtype.type(y), out.reshape(-1))
+        with threads_for(2 * out.nbytes):
+            _select_scalar(c.reshape(-1), x.reshape(-1), out.dtype.type(y), out.reshape(-1))
         return True
     if y.shape == out.shape and y.flags.c_contiguous and y.dtype == out.dtype:
-        _select_arrays(c.reshape(-1), x.reshape(-1), y.reshape(-1), out.reshape(-1))
+        with threads_for(3 * out.nbytes):
+            _select_arrays(c.reshape(-1), x.reshape(-1), y.reshape(-1), out.reshape(-1))
         return True
     return False

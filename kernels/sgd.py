@@ -12,6 +12,7 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from .common import (
+    threads_for,
     tensor_group,
     CHUNK,
     check_sizes,
@@ -84,7 +85,8 @@ def sgd_cpu(p, g, m, lr, momentum=0.0, nesterov=False, weight_decay=0.0) -> None
     same_dtype("sgd_cpu", p, g, m)
     scalars = _scalars(p.dtype, lr, momentum, weight_decay, m)
     p = flat(p)
-    _sgd_flat(p, flat(g), p if m is None else flat(m), *scalars, bool(nesterov))
+    with threads_for(3 * p.nbytes):
+        _sgd_flat(p, flat(g), p if m is None else flat(m), *scalars, bool(nesterov))
 
 
 @njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
@@ -124,7 +126,8 @@ def sgd_multi_cpu(
     scalars = _scalars(params[0].dtype, lr, momentum, weight_decay, ms)
     ps, gs, ms = tensor_group(params, grads, params if ms is None else ms)
     same_dtype("sgd_multi_cpu", ps, gs, ms)
-    _sgd_multi(ps, gs, ms, *scalars, bool(nesterov))
+    with threads_for(3 * sum(a.nbytes for a in ps)):
+        _sgd_multi(ps, gs, ms, *scalars, bool(nesterov))
 
 
 @cuda.jit(cache=True)
