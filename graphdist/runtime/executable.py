@@ -60,6 +60,14 @@ def _storage(state: Var, variable):
         if state.device in variable.devices else variable.values[0]
 
 
+def returned_results(placed: Graph, shared_results) -> list[tuple]:
+    """The result Vars each replica returns: all of replica 0's, and only the per-replica
+    ones of the others (a mirrored result is the same everywhere: returned once)."""
+    r, shared = placed.meta["results_per_replica"], set(shared_results)
+    return [tuple(v for k, v in enumerate(placed.outputs[d * r:(d + 1) * r])
+                  if d == 0 or k not in shared) for d in range(len(placed.devices))]
+
+
 class OneDeviceExecutable:
     def __init__(self, placed: Graph, program):
         self.graph = placed
@@ -82,7 +90,7 @@ class MultiDeviceExecutable:
     def __init__(self, placed: Graph, profile: bool = False, shared_results=()):
         self.graph = placed
         self.profile = profile
-        self.shared_results = set(shared_results)   # mirrored: only replica 0 returns them
+        self.returned = returned_results(placed, shared_results)
         self.devices = placed.devices
         self.replicas = len(self.devices)
         self.args_per_replica = placed.meta["args_per_replica"]
@@ -133,9 +141,7 @@ class MultiDeviceExecutable:
                      events=[] if self.profile else None)
 
     def _results_of(self, d: int) -> tuple:
-        r = self.results_per_replica
-        return tuple(v for k, v in enumerate(self.graph.outputs[d * r:(d + 1) * r])
-                     if d == 0 or k not in self.shared_results)
+        return self.returned[d]
 
     def _finals_of(self, d: int) -> tuple:
         n_states = len(self.graph.variables) // self.replicas
@@ -195,13 +201,9 @@ class SequentialExecutable:
         self.graph = placed
         self.devices = placed.devices
         self.replicas = len(self.devices)
-        r = placed.meta["results_per_replica"]
-        shared = set(shared_results)
-        self.results_per_device = [[k for k in range(r) if d == 0 or k not in shared]
-                                   for d in range(self.replicas)]
-        results = tuple(placed.outputs[d * r + k] for d in range(self.replicas)
-                        for k in self.results_per_device[d])
-        finals = placed.outputs[self.replicas * r:]
+        self.returned = returned_results(placed, shared_results)
+        results = tuple(v for per in self.returned for v in per)
+        finals = placed.outputs[self.replicas * placed.meta["results_per_replica"]:]
         whole = schedule(Graph(inputs=placed.inputs, eqns=placed.eqns,
                                outputs=results + finals, variables=placed.variables,
                                devices=placed.devices))
@@ -217,9 +219,9 @@ class SequentialExecutable:
         threads.set_numba_threads(threads.cores())
         flat = self.program(*arrays)
         out, k = [], 0
-        for keep in self.results_per_device:
-            out.append(flat[k:k + len(keep)])
-            k += len(keep)
+        for per in self.returned:
+            out.append(flat[k:k + len(per)])
+            k += len(per)
         return out
 
 
