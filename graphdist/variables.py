@@ -17,6 +17,7 @@ from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.ops.math import add, subtract
 from graphdist.ops.operators import Operators
+from graphdist.runtime.backends import backend_for
 
 _ids = itertools.count()
 
@@ -79,7 +80,7 @@ class Variable(Operators, Symbolic):
         self._uid = next(_ids)
         self._name = name or f"Variable_{self._uid}"
         self._trainable = bool(trainable)
-        self._values = [value.copy() for _ in self._devices]
+        self._values = [backend_for(d).from_host(value) for d in self._devices]
 
     # ------------------------------------------------------------ properties
     name = property(lambda self: self._name)
@@ -93,8 +94,12 @@ class Variable(Operators, Symbolic):
 
     @property
     def values(self) -> tuple:
-        """The per-device component arrays (live storage, in device order)."""
+        """The per-device component arrays (live storage, in device order): numpy arrays on
+        cpu:N, CuPy arrays on gpu:N."""
         return tuple(self._values)
+
+    def _host(self, k: int) -> np.ndarray:
+        return backend_for(self._devices[k]).to_host(self._values[k])
 
     @property
     def on_read(self) -> bool:
@@ -103,13 +108,14 @@ class Variable(Operators, Symbolic):
     # ------------------------------------------------------------ reads
     def eager_value(self) -> np.ndarray:
         if not self.on_read or len(self._values) == 1:
-            return self._values[0]
+            return self._host(0)
         agg = self._aggregation
+        parts = [self._host(k) for k in range(len(self._values))]
         if agg is VariableAggregation.SUM:
-            return np.sum(self._values, axis=0, dtype=self.dtype)
+            return np.sum(parts, axis=0, dtype=self.dtype)
         if agg is VariableAggregation.MEAN:
-            return np.mean(self._values, axis=0, dtype=self.dtype)
-        return self._values[0]
+            return np.mean(parts, axis=0, dtype=self.dtype)
+        return parts[0]
 
     def numpy(self) -> np.ndarray:
         """A copy of the value (the aggregate, for sync-on-read variables)."""
@@ -177,8 +183,8 @@ class Variable(Operators, Symbolic):
 
     def assign_components(self, arrays) -> None:
         """Overwrite every component at once (all checks happen before any write)."""
-        for dst, src in zip(self._values, arrays):
-            np.copyto(dst, src)
+        for device, dst, src in zip(self._devices, self._values, arrays):
+            backend_for(device).copy_in(dst, src)
 
     # ------------------------------------------------------------ printing
     def param_text(self) -> str:

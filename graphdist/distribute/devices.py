@@ -17,6 +17,15 @@ def physical_gpu_count() -> int:
         return 0
 
 
+def physical_gpu_of(device: str) -> int:
+    """The physical GPU a logical one runs on: round robin, gpu:i on i % physical count.
+
+    >>> physical_gpu_of("gpu:5") == 5 % max(physical_gpu_count(), 1)
+    True
+    """
+    return int(str(device).partition(":")[2]) % max(physical_gpu_count(), 1)
+
+
 def gpu_count() -> int:
     physical = physical_gpu_count()
     return (config.logical_device_count("gpu") or physical) if physical else 0

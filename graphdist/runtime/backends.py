@@ -1,28 +1,49 @@
-"""Device backends: the array module (numpy or CuPy) and kernel table of a device kind.
+"""Device backends: the array module (numpy or CuPy), kernel table and buffer moves of a device.
 
 CuPy is imported only when a gpu:N device is used, so `import graphdist` needs no CUDA.
+A host backend has no streams: its `enter`, `record` and `wait` are never called (the
+lowering asks `ordered` first).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
 
 import numpy as np
 
 
-@dataclass(frozen=True)
 class Backend:
-    kind: str          # "cpu" or "gpu": the key into Op.kernels
-    xp: object         # numpy or cupy
+    """What the lowering and the variables need from a device."""
+
+    kind = "cpu"          # the key into Op.kernels
+    xp = np               # numpy or cupy
+    ordered = False       # True: work is queued on a stream; cross-device reads need events
+
+    def __init__(self, device: str = "cpu:0"):
+        self.device = device
 
     def empty(self, shape, dtype):
         return self.xp.empty(shape, dtype=dtype)
 
+    def from_host(self, value):
+        """A new array on this device holding `value` (a numpy array or scalar)."""
+        return np.array(value)
+
+    def to_host(self, array) -> np.ndarray:
+        """A numpy array with the device array's value (the array itself on the host)."""
+        return array
+
+    def copy_in(self, dst, src) -> None:
+        """Overwrite device array `dst` with host value `src` (same shape)."""
+        np.copyto(dst, src)
+
     def kernel(self, op):
         path = op.kernels.get(self.kind)
         return resolve(path) if path else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device!r})"
 
 
 @functools.cache
@@ -31,7 +52,7 @@ def resolve(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-CPU = Backend("cpu", np)
+CPU = Backend()
 
 
 def backend_for(device: str) -> Backend:
@@ -40,3 +61,7 @@ def backend_for(device: str) -> Backend:
     from graphdist.runtime.gpu import gpu_backend  # lazily: imports cupy
 
     return gpu_backend(device)
+
+
+def is_host(array) -> bool:
+    return isinstance(array, (np.ndarray, np.generic))

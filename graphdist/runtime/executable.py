@@ -68,10 +68,28 @@ def returned_results(placed: Graph, shared_results) -> list[tuple]:
                   if d == 0 or k not in shared) for d in range(len(placed.devices))]
 
 
+def _on_gpu(devices) -> bool:
+    return any(str(d).startswith("gpu") for d in devices)
+
+
+def _guarded(program, devices):
+    """The program itself, or for GPU devices one that gives the caller back its current
+    device and stream (the program switches between the devices' streams)."""
+    if not _on_gpu(devices):
+        return program
+    from graphdist.runtime.gpu import restored_stream
+
+    def run(*arrays):
+        with restored_stream():
+            return program(*arrays)
+
+    return run
+
+
 class OneDeviceExecutable:
     def __init__(self, placed: Graph, program):
         self.graph = placed
-        self.program = program
+        self.program = _guarded(program, placed.devices)
         self.programs = [program]
         self.devices = placed.devices
         self.source = program.source
@@ -195,7 +213,8 @@ class SequentialExecutable:
     this beats a thread per device: numpy's OpenBLAS serializes calls from several threads
     (measured here: 4 threads x 1 BLAS thread ran a GEMM split in 4 at 0.4x the speed of
     one thread x 2 BLAS threads), so concurrency only adds hand-offs. Cross-device values
-    are plain references; every device keeps its own buffers."""
+    are plain references; every device keeps its own buffers. GPU devices always run this
+    way: each queues its work on its own stream, ordered by events (lower._Streams)."""
 
     def __init__(self, placed: Graph, profile: bool = False, shared_results=()):
         self.graph = placed
@@ -209,10 +228,11 @@ class SequentialExecutable:
                                devices=placed.devices))
         storage = {s: _storage(s, v) for s, v in
                    zip(placed.inputs[placed.num_args:], placed.variables)}
-        self.program = lower(whole, backend_for(self.devices[0]), storage,
-                             events=[] if profile else None)
-        self.programs = [self.program]
-        self.source = self.program.source
+        program = lower(whole, backend_for(self.devices[0]), storage,
+                        events=[] if profile else None)
+        self.program = _guarded(program, self.devices)
+        self.programs = [program]
+        self.source = program.source
 
     def __call__(self, arrays):
         threads.set_blas_threads(None)
@@ -263,7 +283,7 @@ def compile_replicated(graphs: list[Graph], strategy, profile: bool = False,
 
 
 def _sequential(devices) -> bool:
+    """GPU devices always run from one host thread: their launches are asynchronous and
+    each device's stream runs on its own, so the GPUs overlap without host threads."""
     mode = config.device_concurrency()
-    if mode == "auto":
-        return all(d.startswith("cpu") for d in devices)
-    return mode == "sequential"
+    return _on_gpu(devices) or mode in ("auto", "sequential")

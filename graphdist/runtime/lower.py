@@ -17,7 +17,7 @@ import numpy as np
 from graphdist import config
 from graphdist.ir import Graph, Lit, Var
 from graphdist.passes.schedule import liveness
-from graphdist.runtime.backends import Backend
+from graphdist.runtime.backends import Backend, backend_for
 from graphdist.runtime.program import Program, compile_program
 
 ARENA_MIN_BYTES = 16 * 1024
@@ -31,8 +31,9 @@ class _Lowering:
         self.events = events              # profiling: (eqn index, start, end) per eqn run
         self.imports = imports or {}      # Var made on another device -> its wait() callable
         self.exports = exports or {}      # Var another device reads -> its post() callable
-        self.backend = backend
+        self.backend = backend            # the device of unplaced values, and the default
         self.xp = backend.xp
+        self.streams = _Streams(self) if backend.ordered else None
         self.storage = storage            # state input Var -> the variable's component array
         self.fused = fused
         self.live = g.meta.get("liveness") or liveness(g)
@@ -59,6 +60,10 @@ class _Lowering:
         self.plan_packing()
 
     # ------------------------------------------------------------ naming
+    def backend_of(self, device) -> Backend:
+        return self.backend if device is None or device == self.backend.device \
+            else backend_for(device)
+
     def glob(self, prefix: str, obj) -> str:
         name = f"{prefix}{next(self.counter)}"
         self.env[name] = obj
@@ -100,7 +105,7 @@ class _Lowering:
             out = eqn.outputs[0] if eqn.op == "concat" else None
             if out is None or out.ty.ndim != 1 or out.ty.nbytes < ARENA_MIN_BYTES:
                 continue
-            name = self.glob("B", self.backend.empty(out.ty.shape, out.ty.dtype))
+            name = self.glob("B", self.backend_of(eqn.device).empty(out.ty.shape, out.ty.dtype))
             offset, inside = 0, set()
             for v in eqn.inputs:
                 root = self.packable(v, i, producer, out.ty.dtype)
@@ -145,7 +150,7 @@ class _Lowering:
         free = self.pool.get(key)
         if free:
             return free.pop()
-        return self.glob("B", self.backend.empty(out.ty.shape, out.ty.dtype))
+        return self.glob("B", self.backend_of(out.device).empty(out.ty.shape, out.ty.dtype))
 
     def release(self, i: int, dying: list) -> None:
         for r in dying:
@@ -165,7 +170,11 @@ class _Lowering:
             if v in self.imports and v not in self.name:
                 self.name[v] = f"v{next(self.counter)}"
                 self.emit(f"{self.name[v]} = {self.glob('W', self.imports[v])}()")
+        if self.streams is not None:
+            self.streams.before(eqn)
         self.lower_eqn_body(i, eqn)
+        if self.streams is not None:
+            self.streams.after(eqn)
         for v in eqn.outputs:
             if v in self.exports:
                 self.emit(f"{self.glob('P', self.exports[v])}({self.name[v]})")
@@ -179,8 +188,10 @@ class _Lowering:
     def lower_eqn_body(self, i: int, eqn) -> None:
         op = eqn.op
         params = dict(eqn.params)
+        backend = self.backend_of(eqn.device)
+        xp = backend.xp
         if op == "constant":
-            self.name[eqn.outputs[0]] = self.glob("C", self.xp.asarray(params["value"].value))
+            self.name[eqn.outputs[0]] = self.glob("C", backend.from_host(params["value"].value))
             return
         if op.alias_input is not None and op.name in ("read_var", "assign_var", "stop_gradient"):
             self.name[eqn.outputs[0]] = self.ref(eqn.inputs[op.alias_input])
@@ -189,8 +200,8 @@ class _Lowering:
             self.lower_packed_concat(eqn)
             return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
-        kernel = self.backend.kernel(op) if (self.fused and op.inplace) else None
-        if kernel is not None:
+        kernel = backend.kernel(op) if (self.fused or not op.inplace) else None
+        if kernel is not None and op.inplace:
             self.lower_inplace(i, eqn, kernel, params)
             return
         (out, *more) = eqn.outputs
@@ -200,20 +211,21 @@ class _Lowering:
                and out not in self.returned)
         if big and op.ufunc:
             buf = self.buffer_for(eqn, i, out)
-            fn = self.glob("U", getattr(self.xp, op.ufunc))
+            fn = self.glob("U", getattr(xp, op.ufunc))
             self.emit(f"{fn}({args}, out={buf})", eqn)
             self.bind_buffer(out, buf)
         elif big and op.out_impl is not None:
             buf = self.buffer_for(eqn, i, out)
-            fn = self.glob("O", functools.partial(op.out_impl, self.xp, **params))
+            fn = self.glob("O", functools.partial(op.out_impl, xp, **params))
             self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
             self.bind_buffer(out, buf)
         elif more and op.out_impl is not None and not op.elementwise and all(
                 v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs):
-            # several outputs: out_impl(xp, (out0, out1, ...), *ins)
+            # several outputs: out_impl(xp, (out0, out1, ...), *ins), or the device's kernel
             bufs = [self.fresh_buffer(v) if v in self.returned else self.buffer_for(eqn, i, v, k)
                     for k, v in enumerate(eqn.outputs)]
-            fn = self.glob("O", functools.partial(op.out_impl, self.xp, **params))
+            fn = self.glob("O", functools.partial(kernel, **params) if kernel is not None
+                           else functools.partial(op.out_impl, xp, **params))
             self.emit(f"{fn}(({', '.join(bufs)},){', ' if args else ''}{args})", eqn)
             for v, buf in zip(eqn.outputs, bufs):
                 if buf.startswith("v"):
@@ -222,8 +234,8 @@ class _Lowering:
                 else:
                     self.bind_buffer(v, buf)
         else:
-            fn = (self.glob("U", getattr(self.xp, op.ufunc)) if op.ufunc and not params
-                  else self.glob("F", functools.partial(op.impl, self.xp, **params)))
+            fn = (self.glob("U", getattr(xp, op.ufunc)) if op.ufunc and not params
+                  else self.glob("F", functools.partial(op.impl, xp, **params)))
             names = [f"v{next(self.counter)}" for _ in eqn.outputs]
             target = names[0] if op.num_outputs == 1 else ", ".join(names) + ","
             self.emit(f"{target} = {fn}({args})", eqn)
@@ -253,7 +265,8 @@ class _Lowering:
     def fresh_buffer(self, v: Var) -> str:
         """A new array each call, for a value handed to the caller (no copy on return)."""
         name = f"v{next(self.counter)}"
-        empty = self.glob("E", functools.partial(self.xp.empty, v.ty.shape, v.ty.dtype))
+        empty = self.glob("E", functools.partial(self.backend_of(v.device).empty, v.ty.shape,
+                                                 v.ty.dtype))
         self.emit(f"{name} = {empty}()")
         return name
 
@@ -303,6 +316,8 @@ class _Lowering:
         self.name.update(zip(params, arg_names))
         for v in g.inputs[g.num_args:]:
             self.name[v] = self.glob("S", self.storage[v])
+        if self.streams is not None:
+            self.streams.start(params)
         for v in g.inputs:      # inputs another device reads: send them first thing
             if v in self.exports and v in self.name:
                 self.emit(f"{self.glob('P', self.exports[v])}({self.name[v]})")
@@ -321,6 +336,9 @@ class _Lowering:
             ref = self.ref(v)
             if isinstance(v, Lit):
                 results.append(f"_np.array({ref})")
+            elif self.streams is not None:   # to the host, on the stream that made it
+                results.append(f"v{next(self.counter)}")
+                self.emit(f"{results[-1]} = {self.streams.to_host(v)}({ref})")
             elif self.root(v) in self.fresh_names:
                 results.append(ref)
             else:   # arena, storage or an input: copy now, before state is written
@@ -341,7 +359,11 @@ class _Lowering:
             if src.startswith("S") and src in storages and src not in snap:
                 snap[src] = f"v{next(self.counter)}"
                 self.emit(f"{snap[src]} = {src}.copy()")
+        finals = {self.name[s_in]: (s_in, final) for s_in, final in
+                  zip(g.inputs[g.num_args:], g.outputs[g.num_results:])}
         for dst, src in pending:
+            if self.streams is not None:
+                self.streams.before_write(*finals[dst])
             self.emit(f"_np.copyto({dst}, {snap.get(src, src)})" if self.xp is np else
                       f"{dst}[...] = {snap.get(src, src)}")
 
@@ -358,3 +380,79 @@ def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None,
     fused = config.fused_kernels() if fused is None else fused
     return _Lowering(g, backend, storage, fused, imports, exports, events).run()
 
+
+
+class _Streams:
+    """Orders work across the streams of the devices in one program (GPU backends).
+
+    Each device queues its eqns on its own stream. When an eqn on device D reads a value
+    made on device S's stream, D waits on an event S records right then (which covers the
+    producer, issued earlier). Right after that eqn, S waits on D in turn, so S cannot
+    overwrite the value's buffer (reused after its last use, or in the next step) while D
+    may still read it. Waits already implied by an earlier one are left out.
+    """
+
+    def __init__(self, lowering: _Lowering):
+        self.low = lowering
+        self.made_on: dict = {}      # Var -> device whose stream wrote it
+        self.issued: dict = {}       # device -> eqns queued on its stream so far
+        self.seen: dict = {}         # (reader, writer) -> writer's count the reader waited on
+        self.current = None
+        self.pending_join: list = []
+
+    def device_of(self, v) -> str:
+        return self.made_on.get(v, v.device or self.low.backend.device)
+
+    def enter(self, device) -> None:
+        if device != self.current:
+            backend = self.low.backend_of(device)
+            self.low.emit(f"{self.low.glob('D', backend.enter)}()")
+            self.current = device
+
+    def wait(self, reader, writer) -> None:
+        mark = self.issued.get(writer, 0)
+        if writer == reader or self.seen.get((reader, writer)) == mark:
+            return
+        event = f"{self.low.glob('R', self.low.backend_of(writer).record)}()"
+        self.low.emit(f"{self.low.glob('Q', self.low.backend_of(reader).wait)}({event})")
+        self.seen[(reader, writer)] = mark
+
+    def start(self, args) -> None:
+        """Arguments arrive as host arrays: copy each onto its device (on its stream)."""
+        for v, name in zip(self.low.g.inputs, args):
+            device = v.device or self.low.backend.device
+            h2d = self.low.glob("H", self.low.backend_of(device).from_host)
+            self.low.emit(f"{name} = {h2d}({name})")
+
+    def before(self, eqn) -> None:
+        device = eqn.device or self.low.backend.device
+        self.enter(device)
+        if getattr(eqn.op, "orders_own_streams", False):
+            return     # it queues each device's part on that device's stream, and waits itself
+        writers = {self.device_of(v) for v in eqn.inputs if isinstance(v, Var)}
+        writers |= {v.device for v in eqn.outputs if v.device}   # buffers it writes elsewhere
+        for writer in sorted(writers - {device}):
+            self.wait(device, writer)
+        self.pending_join = sorted(writers - {device})
+
+    def after(self, eqn) -> None:
+        device = eqn.device or self.low.backend.device
+        own = getattr(eqn.op, "orders_own_streams", False)
+        for v in eqn.outputs:
+            self.made_on[v] = v.device if own and v.device else device
+        queued_on = {self.made_on[v] for v in eqn.outputs} | {device}
+        for d in queued_on:
+            self.issued[d] = self.issued.get(d, 0) + 1
+        for writer in self.pending_join:        # the writer waits for this reader
+            self.wait(writer, device)
+        self.pending_join = []
+
+    def before_write(self, state: Var, final) -> None:
+        """A final value copied into a variable's storage: on the variable's stream."""
+        device = state.device or self.low.backend.device
+        self.enter(device)
+        if isinstance(final, Var):
+            self.wait(device, self.device_of(final))
+
+    def to_host(self, v) -> str:
+        return self.low.glob("T", self.low.backend_of(self.device_of(v)).to_host)

@@ -1,0 +1,137 @@
+"""The GPU backend: gpu:N devices on CuPy arrays, one CUDA stream per logical device.
+
+Logical GPUs map round robin onto the physical ones (gpu:i runs on physical i % count), so
+`gd.config.set_logical_device_count("gpu", 4)` on one card gives four devices that share
+its memory but each queue work on their own stream. The compiled program of a step is
+issued from one host thread: launches are asynchronous, so the streams overlap on the
+GPU while Python moves on. A value read on another device's stream is ordered by an
+event (see lower.py); a result handed to the caller is copied to the host on the stream
+that made it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from graphdist.runtime.backends import Backend
+
+
+def cupy():
+    import cupy as cp  # noqa: PLC0415 - optional dependency (the `cuda` extra)
+
+    return cp
+
+
+class GpuBackend(Backend):
+    kind = "gpu"
+    ordered = True
+
+    def __init__(self, device: str, physical: int):
+        super().__init__(device)
+        cp = cupy()
+        self.xp = cp
+        self.physical = physical
+        self.cuda_device = cp.cuda.Device(physical)
+        with self.cuda_device:
+            self.stream = cp.cuda.Stream(non_blocking=False)
+        self._numba_stream = None
+
+    # ------------------------------------------------------------ buffers
+    def empty(self, shape, dtype):
+        with self.cuda_device:
+            return self.xp.empty(shape, dtype=dtype)
+
+    def from_host(self, value):
+        """Copy a host value (or another device's array) to this device, on its stream:
+        later work on this stream sees it without any other wait."""
+        with self.cuda_device, self.stream:
+            return self.xp.array(value, copy=True)
+
+    def to_host(self, array) -> np.ndarray:
+        if isinstance(array, (np.ndarray, np.generic)):
+            return np.asarray(array)
+        with self.cuda_device, self.stream:
+            return array.get(stream=self.stream)   # waits for this stream's work
+
+    def copy_in(self, dst, src) -> None:
+        with self.cuda_device, self.stream:
+            if isinstance(src, (np.ndarray, np.generic)):
+                dst.set(np.ascontiguousarray(src, dtype=dst.dtype), stream=self.stream)
+            else:
+                dst[...] = src
+        self.stream.synchronize()   # `src` may be a host buffer the caller reuses at once
+
+    # ------------------------------------------------------------ streams
+    def enter(self) -> None:
+        """Make this device and its stream current for the calling thread."""
+        self.cuda_device.use()
+        self.stream.use()
+
+    def record(self):
+        with self.cuda_device:      # an event belongs to the device of the stream it marks
+            return self.stream.record()
+
+    def wait(self, event) -> None:
+        self.stream.wait_event(event)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def numba_stream(self):
+        """This stream as numba sees it, for the CUDA kernels (0 under the simulator)."""
+        if self._numba_stream is None:
+            from numba import cuda
+
+            external = getattr(cuda, "external_stream", None)   # the simulator has none
+            self._numba_stream = external(self.stream.ptr) if external else 0
+        return self._numba_stream
+
+
+class restored_stream:
+    """Gives the caller back its current device and stream after a step, even a failed one."""
+
+    def __enter__(self):
+        cp = cupy()
+        self.device = cp.cuda.Device()
+        self.stream = cp.cuda.get_current_stream()
+        return self
+
+    def __exit__(self, *exc):
+        self.device.use()
+        self.stream.use()
+        return False
+
+
+_lock = threading.Lock()
+_made: dict[str, GpuBackend] = {}
+
+
+def gpu_backend(device: str) -> GpuBackend:
+    """The backend of logical GPU `device` ("gpu:N"), made once per process."""
+    from graphdist.distribute.devices import physical_gpu_count, physical_gpu_of
+
+    backend = _made.get(device)
+    if backend is not None:
+        return backend
+    if physical_gpu_count() == 0:
+        raise ValueError(f"device {device!r}: no GPU here (CuPy with a CUDA device is needed; "
+                         "install graphdist[cuda])")
+    with _lock:
+        if device not in _made:
+            _made[device] = GpuBackend(device, physical_gpu_of(device))
+        return _made[device]
+
+
+def current_numba_stream():
+    """The current CuPy stream as numba sees it: the stream a kernel adapter launches on
+    (inside a compiled step, the stream of the device running the node)."""
+    ptr = cupy().cuda.get_current_stream().ptr
+    for backend in list(_made.values()):
+        if backend.stream.ptr == ptr:
+            return backend.numba_stream()
+    from numba import cuda
+
+    external = getattr(cuda, "external_stream", None)
+    return external(ptr) if external and ptr else 0
