@@ -174,15 +174,30 @@ def adamw_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight
     adam_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
 
 
+# lr_t comes as a 1-element device array: inside a compiled step it is computed on the
+# device from the iteration count, and reading it on the host would stall the stream
 @cuda.jit(cache=True)
-def _adam_kernel(p, g, m, v, lr_t, b1, c1, b2, c2, eps, wd):  # p, g, m, v: (n,)
+def _adam_kernel(p, g, m, v, lr_t, b1, c1, b2, c2, eps, wd):  # p, g, m, v: (n,); lr_t: (1,)
     i = cuda.grid(1)
     if i < p.shape[0]:
-        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
+        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr_t[0], b1, c1, b2, c2, eps,
+                                          wd)
+
+
+def _device_lr(lr_t, dtype):
+    """lr_t as a 1-element device array: a host number or array is copied over (one small
+    transfer per call), a device array (0-d or 1-element) is used where it lies."""
+    if isinstance(lr_t, (int, float, np.number, np.ndarray)):
+        return cuda.to_device(np.full(1, lr_t, dtype))
+    view = device_view(lr_t)
+    if view.shape != (1,):
+        raise ValueError(f"adam_gpu: lr_t must be a number or a 1-element array, got shape "
+                         f"{view.shape}")
+    return view
 
 
 def _adam_launch(p, g, m, v, scalars, stream):
-    same_dtype("adam_gpu", scalars[0], p, g, m, v)
+    same_dtype("adam_gpu", scalars[1], p, g, m, v)
     p, g, m, v = (device_view(x) for x in (p, g, m, v))
     if not (p.shape == g.shape == m.shape == v.shape):
         raise ValueError(
@@ -192,13 +207,19 @@ def _adam_launch(p, g, m, v, scalars, stream):
         _adam_kernel[grid(p.shape[0]) + (stream,)](p, g, m, v, *scalars)
 
 
+def _gpu_scalars(dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
+    scalars = _scalars(dtype, 0.0, beta_1, beta_2, epsilon, weight_decay_lr)
+    return (_device_lr(lr_t, dtype),) + scalars[1:]
+
+
 def adam_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0, stream=0) -> None:
     """Launch the update of one device buffer on `stream` (a numba stream or 0); no sync.
+    lr_t may be a number or a 1-element device array.
 
     >>> adam_gpu(p, g, m, v, lr_t, 0.9, 0.999, 1e-7)  # device arrays  # doctest: +SKIP
     """
     _adam_launch(
-        p, g, m, v, _scalars(p.dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr), stream
+        p, g, m, v, _gpu_scalars(p.dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr), stream
     )
 
 
@@ -230,7 +251,7 @@ def adam_multi_gpu(
         return
     if not len(params) == len(grads) == len(ms) == len(vs):
         raise ValueError("adam_multi_gpu: the tensor lists differ in length")
-    scalars = _scalars(params[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    scalars = _gpu_scalars(params[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
     for t in range(len(params)):
         _adam_launch(params[t], grads[t], ms[t], vs[t], scalars, stream)
 

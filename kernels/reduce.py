@@ -102,22 +102,42 @@ def _all_reduce_kernel(bufs, out, count, mean, broadcast):  # bufs: tuple of (n,
                 bufs[k][i] = acc
 
 
-def all_reduce_gpu(bufs: Sequence, op: str = "sum", out=None, stream=0) -> None:
+@cuda.jit(cache=True)
+def _all_reduce_outs_kernel(bufs, outs, count, mean):  # bufs, outs: tuples of (n,)
+    i = cuda.grid(1)
+    if i < outs[0].shape[0]:
+        acc = bufs[0][i]
+        for k in range(1, len(bufs)):
+            acc += bufs[k][i]
+        if mean:
+            acc /= count
+        for k in range(len(outs)):
+            outs[k][i] = acc
+
+
+def all_reduce_gpu(bufs: Sequence, op: str = "sum", out=None, stream=0,
+                   outs: Sequence | None = None) -> None:
     """Launch one kernel reducing device buffers (each on this device, or peer-accessible);
-    the result goes into every buffer, or into `out` (which may alias any of them). No sync.
+    the result goes into every buffer, or into `out` (which may alias any of them), or into
+    each of `outs` (outs[k] may be bufs[k]: element i is read before it is written). No sync.
 
     >>> all_reduce_gpu([d0, d1], op="mean", stream=s)  # device arrays  # doctest: +SKIP
     """
     _check_op(op)
-    same_dtype("all_reduce_gpu", *bufs, out)
+    same_dtype("all_reduce_gpu", *bufs, out, *(outs or ()))
     views = tuple(device_view(b) for b in bufs)
-    dst = views[0] if out is None else device_view(out)
-    if any(b.shape != dst.shape for b in views):
+    dsts = tuple(device_view(o) for o in outs) if outs is not None else None
+    dst = dsts[0] if dsts else views[0] if out is None else device_view(out)
+    if any(b.shape != dst.shape for b in views + (dsts or ())):
         raise ValueError(f"all_reduce_gpu: buffers differ in size: {[b.shape for b in views]}")
     n = dst.shape[0]
     if n:
         count = np.dtype(dst.dtype).type(len(views))
-        _all_reduce_kernel[grid(n) + (stream,)](views, dst, count, op == "mean", out is None)
+        if dsts is not None:
+            _all_reduce_outs_kernel[grid(n) + (stream,)](views, dsts, count, op == "mean")
+        else:
+            _all_reduce_kernel[grid(n) + (stream,)](views, dst, count, op == "mean",
+                                                    out is None)
 
 
 def scale_ref(x: np.ndarray, a: float, dtype=None) -> np.ndarray:

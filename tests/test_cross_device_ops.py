@@ -256,9 +256,8 @@ def test_choose_cross_device_ops(monkeypatch):
                       cdo.HostAllReduce)
     monkeypatch.setattr(devices_module, "physical_gpu_count", lambda: 2)
     assert isinstance(cdo.choose_cross_device_ops(["gpu:0", "gpu:1"]), cdo.NcclAllReduce)
-    # logical GPUs 0 and 2 share physical GPU 0 (round robin): no NCCL
-    assert isinstance(cdo.choose_cross_device_ops(["gpu:0", "gpu:2"]),
-                      cdo.ReductionToOneDevice)
+    # logical GPUs 0 and 2 share physical GPU 0 (round robin): the node sums them there
+    assert isinstance(cdo.choose_cross_device_ops(["gpu:0", "gpu:2"]), cdo.NcclAllReduce)
     assert isinstance(cdo.choose_cross_device_ops(["cpu:0", "gpu:0"]),
                       cdo.ReductionToOneDevice)
 
@@ -310,3 +309,20 @@ def test_host_all_reduce_runs_in_place_on_dying_buckets_in_a_training_step():
                                              for b in bucket_bufs)]
             assert len(shared) == 2, "the all-reduce did not write over its dying buckets"
     np.testing.assert_allclose(results[2], results[1], rtol=1e-5, atol=1e-6)
+
+
+def test_nccl_lowers_to_one_node_whose_reference_sums_in_device_order():
+    devices = ("gpu:0", "gpu:1", "gpu:2")
+    b = Builder()
+    xs = _vars(devices, shape=(2, 3))
+    outs = cdo.NcclAllReduce().all_reduce(b, xs, "mean", devices)
+    (node,) = [e for e in b.eqns if e.op.name == "nccl_all_reduce"]
+    assert dict(node.params) == {"op": "mean", "devices": devices}
+    assert [v.device for v in node.outputs] == list(devices)
+    assert [v.ty.shape for v in outs] == [(2, 3)] * 3
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal(6).astype(np.float32) for _ in devices]
+    got = OPS["nccl_all_reduce"].impl(np, *parts, op="mean", devices=devices)
+    want = ((parts[0] + parts[1]) + parts[2]) / np.float32(3)
+    for g in got:
+        np.testing.assert_array_equal(g, want)

@@ -58,8 +58,10 @@ def test_cuda_kernels_compile_to_ptx(monkeypatch):
     for f, a in [(nt.float32, nt.float32[::1]), (nt.float64, nt.float64[::1])]:
         kernels = [
             (sgd._sgd_kernel, (a, a, a, f, f, f, nt.boolean)),
-            (adam._adam_kernel, (a, a, a, a, f, f, f, f, f, f, f)),
+            (adam._adam_kernel, (a, a, a, a, a, f, f, f, f, f, f)),
             (reduce._all_reduce_kernel, (nt.UniTuple(a, 3), a, f, nt.boolean, nt.boolean)),
+            (reduce._all_reduce_outs_kernel, (nt.UniTuple(a, 3), nt.UniTuple(a, 3), f,
+                                              nt.boolean)),
             (reduce._scale_kernel, (a, nt.float64, nt.float64[::1])),
         ]
         for kernel, signature in kernels:

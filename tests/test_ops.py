@@ -371,6 +371,7 @@ INTERNAL_TESTED_ELSEWHERE = {
     "sgd_momentum_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
     "adam_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
     "host_all_reduce": "tests/test_cross_device_ops.py (a lowering of all_reduce)",
+    "nccl_all_reduce": "tests/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
 }
 
 

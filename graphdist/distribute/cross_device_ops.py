@@ -194,26 +194,33 @@ class HostAllReduce(CrossDeviceOps):
     def all_reduce(self, b, xs, op, devices):
         _require(self, devices, "cpu", "HostAllReduce runs on host (cpu:N) devices; use "
                  "NcclAllReduce or RingAllReduce for GPUs")
-        n, size = len(devices), xs[0].ty.size
-        if n == 1:
-            return [finish_mean(b, xs[0], 1, devices[0], op)]
-        flats = [_reshaped(b, x, (size,)) for x in xs]
-        outs = tuple(Var(f.ty, None, dev) for f, dev in zip(flats, devices))
-        b.eqns.append(Eqn(OPS["host_all_reduce"], tuple(flats), outs, (("op", op),),
-                          device=devices[0], scope=b.scope))
-        return [_reshaped(b, out, x.ty.shape) for out, x in zip(outs, xs)]
+        return _fused_node(b, xs, op, devices, "host_all_reduce", (("op", op),))
 
 
 class NcclAllReduce(CrossDeviceOps):
-    """All-reduce with NCCL between GPUs (one node per all-reduce). Constructible anywhere;
-    lowering onto a device that is not a GPU raises ValueError."""
+    """One `nccl_all_reduce` node per all-reduce between GPUs: replicas sharing a physical
+    GPU are summed there by one kernel, the physical GPUs' partial sums are all-reduced by
+    NCCL (graphdist/runtime/gpu_collectives.py). Constructible anywhere; lowering onto a
+    device that is not a GPU raises ValueError."""
 
     def all_reduce(self, b, xs, op, devices):
         _require(self, devices, "gpu", "NCCL runs between GPUs; use HostAllReduce or "
                  "RingAllReduce for host devices")
-        # TODO: one NCCL node; it lands with the GPU issue. Until then the explicit ring,
-        # which gives the same sums on any devices.
-        return RingAllReduce().all_reduce(b, xs, op, devices)
+        return _fused_node(b, xs, op, devices, "nccl_all_reduce",
+                           (("op", op), ("devices", tuple(devices))))
+
+
+def _fused_node(b: Builder, xs: list[Var], op: str, devices: tuple, name: str,
+                params: tuple) -> list[Var]:
+    """One node reading every replica's flattened buffer and writing every replica's
+    result; each device flattens its input and reshapes its result with views."""
+    n, size = len(devices), xs[0].ty.size
+    if n == 1:
+        return [finish_mean(b, xs[0], 1, devices[0], op)]
+    flats = [_reshaped(b, x, (size,)) for x in xs]
+    outs = tuple(Var(f.ty, None, dev) for f, dev in zip(flats, devices))
+    b.eqns.append(Eqn(OPS[name], tuple(flats), outs, params, device=devices[0], scope=b.scope))
+    return [_reshaped(b, out, x.ty.shape) for out, x in zip(outs, xs)]
 
 
 def _require(ops, devices, kind: str, hint: str) -> None:
@@ -224,9 +231,10 @@ def _require(ops, devices, kind: str, hint: str) -> None:
 
 
 def choose_cross_device_ops(devices) -> CrossDeviceOps:
-    """What `cross_device_ops=None` means for these devices: NCCL when every device is its
-    own physical GPU, the fused one-pass HostAllReduce when all are host devices (fastest
-    on CPU, see docs/benchmarks.md), else ReductionToOneDevice.
+    """What `cross_device_ops=None` means for these devices: the fused one-pass
+    HostAllReduce when all are host devices (fastest on CPU, see docs/benchmarks.md),
+    NcclAllReduce when all are GPUs (logical GPUs sharing a physical one are summed there
+    by one kernel), else ReductionToOneDevice.
 
     >>> choose_cross_device_ops(["cpu:0", "cpu:1"])
     HostAllReduce()
@@ -235,10 +243,5 @@ def choose_cross_device_ops(devices) -> CrossDeviceOps:
     if all(dev.startswith("cpu:") for dev in devices):
         return HostAllReduce()
     if all(dev.startswith("gpu:") for dev in devices):
-        from graphdist.distribute.devices import physical_gpu_count
-
-        physical = physical_gpu_count()
-        # logical GPUs map round robin onto physical ones; NCCL needs one rank per GPU
-        if physical and len({int(dev[4:]) % physical for dev in devices}) == len(devices):
-            return NcclAllReduce()
+        return NcclAllReduce()
     return ReductionToOneDevice()

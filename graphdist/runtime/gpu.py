@@ -19,7 +19,7 @@ from graphdist.runtime.backends import Backend
 
 
 def cupy():
-    import cupy as cp  # noqa: PLC0415 - optional dependency (the `cuda` extra)
+    import cupy as cp  # optional: the `cuda` extra
 
     return cp
 

@@ -219,8 +219,8 @@ class _Lowering:
             fn = self.glob("O", functools.partial(op.out_impl, xp, **params))
             self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
             self.bind_buffer(out, buf)
-        elif more and op.out_impl is not None and not op.elementwise and all(
-                v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs):
+        elif more and (kernel is not None or op.out_impl is not None and not op.elementwise
+                       and all(v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs)):
             # several outputs: out_impl(xp, (out0, out1, ...), *ins), or the device's kernel
             bufs = [self.fresh_buffer(v) if v in self.returned else self.buffer_for(eqn, i, v, k)
                     for k, v in enumerate(eqn.outputs)]
@@ -317,7 +317,7 @@ class _Lowering:
         for v in g.inputs[g.num_args:]:
             self.name[v] = self.glob("S", self.storage[v])
         if self.streams is not None:
-            self.streams.start(params)
+            self.streams.start(zip(params, arg_names))
         for v in g.inputs:      # inputs another device reads: send them first thing
             if v in self.exports and v in self.name:
                 self.emit(f"{self.glob('P', self.exports[v])}({self.name[v]})")
@@ -419,7 +419,7 @@ class _Streams:
 
     def start(self, args) -> None:
         """Arguments arrive as host arrays: copy each onto its device (on its stream)."""
-        for v, name in zip(self.low.g.inputs, args):
+        for v, name in args:
             device = v.device or self.low.backend.device
             h2d = self.low.glob("H", self.low.backend_of(device).from_host)
             self.low.emit(f"{name} = {h2d}({name})")

@@ -114,6 +114,11 @@ def test_all_reduce_gpu_matches_ref(dtype, op):
             reduce.all_reduce_gpu(bufs, op)  # in place: every buffer gets the result
             for b in bufs:
                 _close(b, expected)
+            bufs = [cuda.to_device(b) for b in host]
+            outs = [bufs[0]] + [cuda.device_array(n, dtype) for _ in host[1:]]
+            reduce.all_reduce_gpu(bufs, op, outs=outs)  # one result per replica
+            for o in outs:
+                _close(o, expected)
 
 
 @pytest.mark.parametrize(

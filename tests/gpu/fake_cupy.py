@@ -1,0 +1,403 @@
+"""A numpy-backed stand-in for the part of CuPy graphdist uses, so CI without a GPU runs the
+GPU backend's tests (tests/test_gpu_sim.py starts them with NUMBA_ENABLE_CUDASIM=1, which
+runs the CUDA kernels in numba's simulator).
+
+It is strict where CuPy is, and checks what an eager host run would otherwise hide:
+- a host numpy array mixed into a device call is a TypeError, as in CuPy;
+- an array used while another device is current is a ValueError, as in CuPy;
+- an event recorded on a stream of another device than the current one is an error, as in
+  CUDA;
+- stream ordering is checked with vector clocks: reading an array written on another
+  stream, or writing one another stream read, without an event wait in between raises
+  `StreamRace`. Work on one stream is ordered; everything else must be made so.
+
+GRAPHDIST_FAKE_CUPY=N sets the number of physical GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import sys
+import threading
+import types
+import typing
+
+import numpy as np
+
+_tls = threading.local()
+_ptrs = itertools.count(1)
+
+
+class StreamRace(AssertionError):
+    """Two streams touched one buffer with no event between them."""
+
+
+def device_count() -> int:
+    return int(os.environ.get("GRAPHDIST_FAKE_CUPY", "2"))
+
+
+def _current_device() -> int:
+    return getattr(_tls, "device", 0)
+
+
+# ---------------------------------------------------------------- streams and events
+
+class Event:
+    def __init__(self):
+        self.device = _current_device()
+        self.clock: dict = {}
+
+
+class Stream:
+    def __init__(self, non_blocking: bool = False, *, _null: bool = False):
+        self.device = _current_device()
+        self.ptr = 0 if _null else next(_ptrs)
+        self.clock: dict = {self.ptr: 0}
+        self._saved = []
+
+    def use(self):
+        _tls.stream = self
+        return self
+
+    def __enter__(self):
+        self._saved.append(getattr(_tls, "stream", None))
+        return self.use()
+
+    def __exit__(self, *exc):
+        _tls.stream = self._saved.pop()
+        return False
+
+    def record(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        if self.ptr and event.device != self.device:
+            raise RuntimeError(f"cudaEventRecord: event of device {event.device} on a stream "
+                               f"of device {self.device} (invalid resource handle)")
+        event.clock = dict(self.clock)
+        return event
+
+    def wait_event(self, event: Event) -> None:
+        for s, t in event.clock.items():
+            self.clock[s] = max(self.clock.get(s, 0), t)
+
+    def synchronize(self) -> None:
+        pass
+
+    def tick(self) -> int:
+        self.clock[self.ptr] = self.clock.get(self.ptr, 0) + 1
+        return self.clock[self.ptr]
+
+
+Stream.null = Stream(_null=True)
+
+
+def get_current_stream() -> Stream:
+    return getattr(_tls, "stream", None) or Stream.null
+
+
+class Device:
+    def __init__(self, device: int | None = None):
+        self.id = _current_device() if device is None else int(device)
+        if not 0 <= self.id < device_count():
+            raise RuntimeError(f"cudaErrorInvalidDevice: device {self.id}")
+        self._saved = []
+
+    def use(self) -> None:
+        _tls.device = self.id
+
+    def __enter__(self):
+        self._saved.append(_current_device())
+        self.use()
+        return self
+
+    def __exit__(self, *exc):
+        _tls.device = self._saved.pop()
+        return False
+
+    def synchronize(self) -> None:
+        pass
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self):
+        return self.id
+
+
+# ---------------------------------------------------------------- arrays
+
+_stamps: dict = {}   # id(root buffer) -> [root, (writer ptr, tick), {reader ptr: tick}]
+
+
+def _root(a: np.ndarray):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _entry(a):
+    root = _root(a)
+    entry = _stamps.get(id(root))
+    if entry is None or entry[0] is not root:
+        entry = _stamps[id(root)] = [root, None, {}]
+    return entry
+
+
+def _touch(reads, writes) -> None:
+    """Vector-clock check of the current stream's reads and writes."""
+    stream = get_current_stream()
+    if stream.ptr == 0:          # the null stream waits for all others: always ordered
+        return
+    tick = stream.tick()
+    for a in reads:
+        entry = _entry(a)
+        if entry[1] and entry[1][0] != stream.ptr and stream.clock.get(entry[1][0], 0) < entry[1][1]:
+            raise StreamRace(f"read on stream {stream.ptr} of a buffer written on stream "
+                             f"{entry[1][0]} with no event wait after the write")
+        entry[2][stream.ptr] = tick
+    for a in writes:
+        entry = _entry(a)
+        for reader, t in list(entry[2].items()):
+            if reader != stream.ptr and stream.clock.get(reader, 0) < t:
+                raise StreamRace(f"write on stream {stream.ptr} of a buffer read on stream "
+                                 f"{reader} with no event wait after the read")
+        if entry[1] and entry[1][0] != stream.ptr and stream.clock.get(entry[1][0], 0) < entry[1][1]:
+            raise StreamRace(f"write on stream {stream.ptr} of a buffer written on stream "
+                             f"{entry[1][0]} with no event wait after that write")
+        entry[1] = (stream.ptr, tick)
+        entry[2] = {}
+
+
+class ndarray(np.ndarray):
+    """A host array tagged with the device it lives on."""
+
+    def __array_finalize__(self, obj):
+        self._dev = getattr(obj, "_dev", _current_device())
+
+    @property
+    def device(self) -> Device:
+        return Device(self._dev)
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+    def get(self, stream=None) -> np.ndarray:
+        _touch([self], [])
+        return np.array(self.view(np.ndarray))
+
+    def set(self, arr, stream=None) -> None:
+        _touch([], [self])
+        np.copyto(self.view(np.ndarray), arr)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return _Checked(getattr(ufunc, method))(*inputs, **kwargs)
+
+    def copy(self, order="C"):
+        _check([self])
+        return _new(self)
+
+    def astype(self, dtype, copy=True):
+        _check([self])
+        return _new(self, dtype)
+
+    def __setitem__(self, index, value):
+        if isinstance(value, np.ndarray):   # scalar stores are a kernel's (the simulator's)
+            _check([self, value])
+            _touch([value] if isinstance(value, ndarray) else [], [self])
+        super().__setitem__(index, _raw(value))
+
+    def __float__(self):
+        return float(self.get())
+
+    def __int__(self):
+        return int(self.get())
+
+
+def _arrays(tree):
+    if isinstance(tree, np.ndarray):
+        yield tree
+    elif isinstance(tree, (list, tuple)):
+        for t in tree:
+            yield from _arrays(t)
+
+
+def _check(values) -> None:
+    device = _current_device()
+    for a in _arrays(list(values)):
+        if not isinstance(a, ndarray):
+            raise TypeError(f"Unsupported type {type(a)} (a host array in a device call)")
+        if a._dev != device:
+            raise ValueError(f"Array device must be same as the current device: array "
+                             f"device = {a._dev} while current = {device}")
+
+
+def _raw(tree):
+    if isinstance(tree, ndarray):
+        return tree.view(np.ndarray)
+    if isinstance(tree, list):
+        return [_raw(t) for t in tree]
+    if isinstance(tree, tuple):
+        return tuple(_raw(t) for t in tree)
+    return tree
+
+
+def _wrap(result):
+    if isinstance(result, (tuple, list)):
+        return type(result)(_wrap(r) for r in result)
+    if isinstance(result, (np.ndarray, np.generic)) and not isinstance(result, ndarray):
+        out = np.asarray(result).view(ndarray)
+        out._dev = _current_device()
+        return out
+    return result
+
+
+_OUT_FIRST = {"copyto"}        # functions whose first argument is written
+
+
+class _Checked:
+    """A numpy function or ufunc method run the CuPy way: device arrays only, on the
+    current device, ordered on the current stream; results are device arrays."""
+
+    def __init__(self, fn, name: str = ""):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "")
+
+    def __call__(self, *args, **kwargs):
+        out = kwargs.get("out")
+        outs = out if isinstance(out, tuple) else (out,) if out is not None else ()
+        written = list(outs) + (list(args[:1]) if self.name in _OUT_FIRST else [])
+        if self.name == "at":
+            written.append(args[0])
+        read = [a for a in _arrays(list(args) + [kwargs.get("where")])
+                if not any(a is w for w in written)]
+        _check(list(args) + list(outs) + [kwargs.get("where")])
+        _touch(read, written)
+        if out is not None:
+            kwargs["out"] = _raw(out)
+        result = self.fn(*_raw(args), **{k: _raw(v) for k, v in kwargs.items()})
+        if out is not None:
+            return out
+        return _wrap(result)
+
+    def __getattr__(self, name):
+        return _Checked(getattr(self.fn, name), name)
+
+
+def _new(value, dtype=None):
+    """A new array on the current device; from a device array it is a copy queued on the
+    current stream (CuPy copies between devices that way too)."""
+    if isinstance(value, ndarray):
+        _touch([value], [])
+    out = np.array(_raw(value), dtype=dtype, order="C").view(ndarray)
+    out._dev = _current_device()
+    _touch([], [out])
+    return out
+
+
+def array(value, dtype=None, copy=True):
+    return _new(value, dtype)
+
+
+def asarray(value, dtype=None):
+    if isinstance(value, ndarray) and value._dev == _current_device() and (
+            dtype is None or np.dtype(dtype) == value.dtype):
+        return value
+    return _new(value, dtype)
+
+
+ascontiguousarray = asarray
+
+
+def _maker(name):
+    fn = getattr(np, name)
+
+    def make(*args, **kwargs):
+        out = fn(*_raw(args), **kwargs).view(ndarray)
+        out._dev = _current_device()
+        _touch([], [out])
+        return out
+    return make
+
+
+empty, zeros, ones, full, arange = (_maker(n) for n in ("empty", "zeros", "ones", "full",
+                                                         "arange"))
+
+
+def asnumpy(a, stream=None):
+    return a.get() if isinstance(a, ndarray) else np.asarray(a)
+
+
+def __getattr__(name):
+    obj = getattr(np, name)
+    return _Checked(obj, name) if callable(obj) and not isinstance(obj, type) else obj
+
+
+# ---------------------------------------------------------------- cupy.cuda
+
+class _Nccl(types.ModuleType):
+    NCCL_SUM = 0
+    NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_INT32, NCCL_INT64 = range(5)
+    _DTYPES: typing.ClassVar = {0: np.float16, 1: np.float32, 2: np.float64, 3: np.int32, 4: np.int64}
+
+    def __init__(self):
+        super().__init__("cupy.cuda.nccl")
+        self._pending = None
+        self.calls = 0
+
+    def groupStart(self):
+        self._pending = []
+
+    def groupEnd(self):
+        pending, self._pending = self._pending, None
+        by_clique: dict = {}
+        for call in pending:
+            by_clique.setdefault(call[0].clique, []).append(call)
+        for calls in by_clique.values():
+            calls.sort(key=lambda c: c[0].rank)
+            if len(calls) != calls[0][0].size:
+                raise RuntimeError("NCCL: not every rank joined the all-reduce (deadlock)")
+            views = [_at(c[1], c[3], self._DTYPES[c[4]]) for c in calls]
+            total = views[0].copy()
+            for v in views[1:]:
+                total += v
+            for c in calls:
+                _at(c[2], c[3], self._DTYPES[c[4]])[...] = total
+            self.calls += 1
+
+    class NcclCommunicator:
+        def __init__(self, clique, rank, size):
+            self.clique, self.rank, self.size = clique, rank, size
+
+        @classmethod
+        def initAll(cls, devices):
+            if len(set(devices)) != len(devices):
+                raise RuntimeError("NCCL: duplicate GPU detected (ncclInvalidUsage)")
+            clique = object()
+            return [cls(clique, r, len(devices)) for r in range(len(devices))]
+
+        def allReduce(self, send, recv, count, dtype, op, stream):
+            nccl = sys.modules["cupy"].cuda.nccl
+            if nccl._pending is None:
+                raise RuntimeError("NCCL: several ranks from one thread need groupStart()")
+            nccl._pending.append((self, send, recv, count, dtype))
+
+
+def _at(ptr: int, count: int, dtype) -> np.ndarray:
+    nbytes = count * np.dtype(dtype).itemsize
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=dtype)
+
+
+cuda = types.SimpleNamespace(
+    Device=Device, Stream=Stream, Event=Event, get_current_stream=get_current_stream,
+    runtime=types.SimpleNamespace(getDeviceCount=device_count), nccl=_Nccl())
+
+
+def install() -> None:
+    """Make `import cupy` give this module."""
+    module = sys.modules[__name__]
+    module.ndarray = ndarray
+    sys.modules["cupy"] = module
+    sys.modules["cupy.cuda"] = cuda
+    sys.modules["cupy.cuda.nccl"] = cuda.nccl
