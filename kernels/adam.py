@@ -4,9 +4,9 @@ lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t), and AdamW's decoupled decay as weight_d
 Multi-tensor form. CPU: one njit(parallel) call takes typed Lists of flat views and pranges over
 a (tensor, start, stop) table of 64K-element chunks, so tiny and huge tensors share the threads.
 GPU: a numba kernel cannot index a list of arrays, and a device-pointer table would need raw
-pointer intrinsics that the simulator cannot run, so adam_multi_gpu launches one kernel per
-tensor on the caller's stream; a runtime that keeps a device's variables as views of one flat
-buffer (and its grads and slots likewise) calls adam_gpu once on the flat buffers instead.
+pointer intrinsics that the simulator cannot run, so adam_multi_gpu passes tuples of up to 16
+tensors (padded to 4, 8 or 16) and launches a 2-D grid: block row t updates tensor t with a
+stride loop. One launch per 16 tensors, on the caller's stream.
 
 Measured: 16M float32 params in 50 tensors (3.6K..2.2M), shared 2-core AMD EPYC VM, 30
 interleaved rounds, GB/s at 7*4 B/param, best (median under load): adam_multi_cpu 86 (28..53);
@@ -30,7 +30,9 @@ from .common import (
     chunk_table,
     device_view,
     flat,
+    gpu_groups,
     grid,
+    multi_grid,
     same_dtype,
 )
 
@@ -231,6 +233,15 @@ def adamw_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream
     adam_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream)
 
 
+@cuda.jit(cache=True)
+def _adam_multi_kernel(ps, gs, ms, vs, lr_t, b1, c1, b2, c2, eps, wd):  # tuples of (n_t,)
+    t = cuda.blockIdx.y                      # this block row's tensor
+    p, g, m, v = ps[t], gs[t], ms[t], vs[t]
+    lr = lr_t[0]
+    for i in range(cuda.grid(1), p.shape[0], cuda.gridDim.x * cuda.blockDim.x):
+        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr, b1, c1, b2, c2, eps, wd)
+
+
 def adam_multi_gpu(
     params: Sequence,
     grads: Sequence,
@@ -243,17 +254,19 @@ def adam_multi_gpu(
     weight_decay_lr=0.0,
     stream=0,
 ) -> None:
-    """adam_gpu over every tensor of a device: one launch per tensor, all on `stream`.
+    """adam_gpu over every tensor of a device: one launch per 16 tensors, all on `stream`
+    (each block row of the grid updates one tensor).
 
     >>> adam_multi_gpu(ps, gs, ms, vs, lr_t, 0.9, 0.999, 1e-7)  # doctest: +SKIP
     """
     if len(params) == 0:
         return
-    if not len(params) == len(grads) == len(ms) == len(vs):
-        raise ValueError("adam_multi_gpu: the tensor lists differ in length")
+    same_dtype("adam_multi_gpu", *params, *grads, *ms, *vs)
     scalars = _gpu_scalars(params[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
-    for t in range(len(params)):
-        _adam_launch(params[t], grads[t], ms[t], vs[t], scalars, stream)
+    for (p, g, m, v), largest in gpu_groups(params, grads, ms, vs):
+        if largest:
+            blocks, threads = multi_grid(largest, len(p))
+            _adam_multi_kernel[blocks, threads, stream](p, g, m, v, *scalars)
 
 
 def adamw_multi_gpu(

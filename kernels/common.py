@@ -123,6 +123,55 @@ def device_view(x):
     return x if x.ndim == 1 else x.reshape(x.size)
 
 
+# tensors per multi-tensor CUDA launch: every array argument costs 7 kernel parameters, and
+# 4 lists x 16 arrays stay under the 4 KiB parameter limit of CUDA before 12.1
+GPU_GROUP = 16
+MAX_BLOCKS_PER_TENSOR = 2048   # with a stride loop: enough blocks to fill an H100 per tensor
+
+
+def gpu_groups(*lists):
+    """The tensor lists of one multi-tensor CUDA call, cut into groups of at most GPU_GROUP
+    tensors, each list a tuple of flat device views padded with empty arrays to 4, 8 or 16
+    entries (one compiled kernel per size class). Yields (tuples, largest size).
+
+    >>> [len(g[0][0]) for g in gpu_groups([np.zeros(3)] * 20)]  # doctest: +SKIP
+    [16, 4]
+    """
+    n = len(lists[0])
+    for lst in lists:
+        if len(lst) != n:
+            raise ValueError("multi-tensor kernel: the tensor lists differ in length")
+    for start in range(0, n, GPU_GROUP):
+        stop = min(start + GPU_GROUP, n)
+        size = next(k for k in TUPLE_SIZES if k >= stop - start)
+        views = [[device_view(a) for a in lst[start:stop]] for lst in lists]
+        for t in range(stop - start):
+            if any(v[t].shape != views[0][t].shape for v in views):
+                raise ValueError(f"multi-tensor kernel: tensor {start + t}'s buffers differ in "
+                                 f"size: {[v[t].shape for v in views]}")
+        empty = _empty_device(views[0][0].dtype)
+        largest = max(v.shape[0] for v in views[0])
+        yield tuple(tuple(v) + (empty,) * (size - len(v)) for v in views), largest
+
+
+def _empty_device(dtype):
+    key = np.dtype(dtype).str
+    if key not in _EMPTIES:
+        _EMPTIES[key] = cuda.device_array(0, dtype) if not config.ENABLE_CUDASIM \
+            else np.empty(0, dtype)
+    return _EMPTIES[key]
+
+
+_EMPTIES: dict = {}
+
+
+def multi_grid(largest: int, tensors: int) -> tuple[tuple[int, int], int]:
+    """((blocks per tensor, tensors), threads) for a multi-tensor launch: blockIdx.y picks
+    the tensor and the x blocks stride over it."""
+    blocks = max(1, min((largest + THREADS - 1) // THREADS, MAX_BLOCKS_PER_TENSOR))
+    return (blocks, tensors), THREADS
+
+
 def grid(n: int) -> tuple[int, int]:
     """(blocks, threads) covering n elements with one thread each.
 

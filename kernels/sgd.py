@@ -19,7 +19,9 @@ from .common import (
     chunk_table,
     device_view,
     flat,
+    gpu_groups,
     grid,
+    multi_grid,
     same_dtype,
 )
 
@@ -169,7 +171,8 @@ def sgd_multi_gpu(
     weight_decay=0.0,
     stream=0,
 ) -> None:
-    """sgd_gpu over every tensor of a device: one launch per tensor, all on `stream`.
+    """sgd_gpu over every tensor of a device: one launch per 16 tensors, all on `stream`
+    (each block row of the grid updates one tensor).
 
     >>> sgd_multi_gpu([p], [g], [m], lr=0.1, momentum=0.9)  # doctest: +SKIP
     """
@@ -177,8 +180,20 @@ def sgd_multi_gpu(
         return
     if len(grads) != len(params) or (ms is not None and len(ms) != len(params)):
         raise ValueError("sgd_multi_gpu: the tensor lists differ in length")
+    same_dtype("sgd_multi_gpu", *params, *grads, *(ms or ()))
     scalars = _scalars(params[0].dtype, lr, momentum, weight_decay, ms)
-    for t in range(len(params)):
-        _sgd_launch(
-            params[t], grads[t], None if ms is None else ms[t], scalars, bool(nesterov), stream
-        )
+    for (p, g, m), largest in gpu_groups(params, grads, params if ms is None else ms):
+        if largest:
+            blocks, threads = multi_grid(largest, len(p))
+            _sgd_multi_kernel[blocks, threads, stream](p, g, m, *scalars, bool(nesterov))
+
+
+@cuda.jit(cache=True)
+def _sgd_multi_kernel(ps, gs, ms, lr, momentum, weight_decay, nesterov):  # tuples of (n_t,)
+    t = cuda.blockIdx.y                      # this block row's tensor
+    p, g, m = ps[t], gs[t], ms[t]
+    for i in range(cuda.grid(1), p.shape[0], cuda.gridDim.x * cuda.blockDim.x):
+        pi, mi = _sgd_gpu_math(p[i], g[i], m[i], lr, momentum, weight_decay, nesterov)
+        p[i] = pi
+        if momentum != 0:
+            m[i] = mi

@@ -63,6 +63,8 @@ def test_cuda_kernels_compile_to_ptx(monkeypatch):
             (reduce._all_reduce_outs_kernel, (nt.UniTuple(a, 3), nt.UniTuple(a, 3), f,
                                               nt.boolean)),
             (reduce._scale_kernel, (a, nt.float64, nt.float64[::1])),
+            (adam._adam_multi_kernel, (nt.UniTuple(a, 4),) * 4 + (a, f, f, f, f, f, f)),
+            (sgd._sgd_multi_kernel, (nt.UniTuple(a, 4),) * 3 + (f, f, f, nt.boolean)),
         ]
         for kernel, signature in kernels:
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(8, 0))

@@ -99,6 +99,25 @@ def test_adam_multi_gpu_matches_per_tensor_ref(dtype):
             _close(actual, expected)
 
 
+def test_multi_tensor_launches_cover_more_tensors_than_one_group():
+    """20 tensors: two launches (16 + 4, padded), every tensor updated, none touched twice."""
+    rng, dtype = np.random.default_rng(6), np.float32
+    shapes = [(int(n),) for n in rng.integers(0, 90, 20)] + [(SIZES[-1],)]
+    refs = [(_randn(rng, s, dtype), np.zeros(s, dtype), np.zeros(s, dtype)) for s in shapes]
+    gs = [_randn(rng, s, dtype) for s in shapes]
+    ps, ms, vs = ([cuda.to_device(r[k]) for r in refs] for k in range(3))
+    lr_t = cuda.to_device(np.array([1e-2], dtype))    # on the device, as a compiled step has it
+    adam.adam_multi_gpu(ps, [cuda.to_device(g) for g in gs], ms, vs, lr_t, 0.9, 0.999, 1e-7)
+    sgd_ps = [cuda.to_device(r[0]) for r in refs]
+    sgd.sgd_multi_gpu(sgd_ps, [cuda.to_device(g) for g in gs], None, lr=0.1)
+    cuda.synchronize()
+    for k, ((p, m, v), g) in enumerate(zip(refs, gs)):
+        for actual, expected in zip((ps[k], ms[k], vs[k]),
+                                    adam.adam_ref(p, g, m, v, 1e-2, 0.9, 0.999, 1e-7)):
+            _close(actual, expected)
+        _close(sgd_ps[k], sgd.sgd_ref(p, g, None, lr=0.1)[0])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", ["sum", "mean"])
 def test_all_reduce_gpu_matches_ref(dtype, op):
