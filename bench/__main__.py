@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "mirrored_mlp"]
+BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "mirrored_mlp",
+              "gpu"]
 
 
 def main(argv=None) -> int:
@@ -13,7 +14,7 @@ def main(argv=None) -> int:
     for name in names:
         print(f"==== bench.{name}")
         module = importlib.import_module(f"bench.{name}")
-        module.main(*([[]] if name == "mirrored_mlp" else []))
+        module.main(*([[]] if name in ("mirrored_mlp", "gpu") else []))
     return 0
 
 

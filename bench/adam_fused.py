@@ -21,11 +21,12 @@ N_TENSORS = 50
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-7
 
 
-def sizes() -> list[int]:
-    """50 sizes from 4K to ~1.3M elements that add up to 16M (a model-like spread)."""
+def sizes(total: int = TOTAL) -> list[int]:
+    """50 sizes from 4K to ~1.3M elements (for 16M) that add up to `total`: a model-like
+    spread."""
     raw = np.geomspace(1, 300, N_TENSORS)
-    s = np.maximum(4096, (raw / raw.sum() * TOTAL).astype(int))
-    s[-1] += TOTAL - s.sum()
+    s = np.maximum(min(4096, total // (4 * N_TENSORS)), (raw / raw.sum() * total).astype(int))
+    s[-1] += total - s.sum()
     return [int(x) for x in s]
 
 

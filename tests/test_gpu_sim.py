@@ -51,3 +51,17 @@ def test_the_stand_in_catches_unordered_streams_and_misplaced_arrays():
             cp.add(y, 1)
         with pytest.raises(RuntimeError, match="invalid resource handle"):
             a_stream.record()                              # event of device 1, stream of 0
+
+
+def test_the_gpu_benchmark_runs_on_the_simulated_gpu():
+    """bench/gpu.py --quick end to end (what a GPU session runs in full)."""
+    code = ("import sys; sys.path.insert(0, 'tests/gpu'); import fake_cupy; fake_cupy.install()\n"
+            "from bench import gpu\n"
+            "r = gpu.main(['--quick', '--no-save'])\n"
+            "assert r['adam']['fused_nodes'] == 1, r\n"
+            "assert r['adam']['graphdist fused Adam']['GB_per_s'] > 0\n")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", GRAPHDIST_FAKE_CUPY="1")
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "graphdist fused Adam" in proc.stdout

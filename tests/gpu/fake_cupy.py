@@ -391,7 +391,8 @@ def _at(ptr: int, count: int, dtype) -> np.ndarray:
 
 cuda = types.SimpleNamespace(
     Device=Device, Stream=Stream, Event=Event, get_current_stream=get_current_stream,
-    runtime=types.SimpleNamespace(getDeviceCount=device_count), nccl=_Nccl())
+    runtime=types.SimpleNamespace(getDeviceCount=device_count, deviceSynchronize=lambda: None),
+    nccl=_Nccl())
 
 
 def install() -> None:
