@@ -13,6 +13,7 @@ from graphdist.ir import ArrayType, Graph, as_dtype
 from graphdist.distribute.values import PerReplica
 from graphdist.ops.core import Symbolic, current_tracer, is_python_scalar
 from graphdist.pytree import flatten, unflatten
+from graphdist.runtime.backends import is_device_array
 from graphdist.trace import Tensor, Tracer, tracing
 
 
@@ -21,6 +22,8 @@ def _leaf_spec(leaf, path):
     if isinstance(leaf, Tensor):
         raise TypeError(f"argument {path}: a gd.Tensor from another trace cannot be passed to "
                         "a gd.function called outside tracing")
+    if is_device_array(leaf):                # a CuPy array: used where it lies
+        return ("array", tuple(leaf.shape), as_dtype(leaf.dtype))
     if isinstance(leaf, np.ndarray) or (isinstance(leaf, np.generic)):
         try:
             dtype = as_dtype(leaf.dtype)
@@ -157,8 +160,8 @@ class Function:
     def _signature(self, args, kwargs):
         leaves, paths, tree = flatten((args, kwargs))
         specs = tuple(_leaf_spec(leaf, self._path_name(p)) for leaf, p in zip(leaves, paths))
-        leaves = [np.asarray(leaf) if specs[i][0] == "array" else leaf
-                  for i, leaf in enumerate(leaves)]
+        leaves = [np.asarray(leaf) if specs[i][0] == "array" and not is_device_array(leaf)
+                  else leaf for i, leaf in enumerate(leaves)]
         return leaves, (tree, specs, config.fused_kernels())
 
     def _path_name(self, path: str) -> str:

@@ -17,7 +17,7 @@ from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.ops.math import add, subtract
 from graphdist.ops.operators import Operators
-from graphdist.runtime.backends import backend_for
+from graphdist.runtime.backends import backend_for, host_value
 
 _ids = itertools.count()
 
@@ -33,7 +33,7 @@ def _initial_array(initial_value, dtype) -> np.ndarray:
     if dtype is None and _python_scalars(initial_value):   # numpy scalars keep their dtype
         kind = np.asarray(initial_value).dtype.kind        # Python numbers: float32 / int32
         dtype = {"f": DEFAULT_FLOAT, "i": np.int32}.get(kind)
-    value = np.array(initial_value, dtype=None if dtype is None else as_dtype(dtype))
+    value = np.array(host_value(initial_value), dtype=None if dtype is None else as_dtype(dtype))
     as_dtype(value.dtype)
     return value
 
@@ -142,7 +142,7 @@ class Variable(Operators, Symbolic):
         tracer = current_tracer()
         if tracer is not None:
             return sync.assign(tracer, self, value, "assign")
-        new = np.asarray(value.eager_value() if isinstance(value, Variable) else value)
+        new = np.asarray(value.eager_value() if isinstance(value, Variable) else host_value(value))
         if new.shape != self.shape:
             raise ValueError(f"assign: variable '{self._name}' has shape {self.shape}, "
                              f"the value has {new.shape}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 
 import numpy as np
 
@@ -28,7 +29,11 @@ class Backend:
 
     def from_host(self, value):
         """A new array on this device holding `value` (a numpy array or scalar)."""
-        return np.array(value)
+        return np.array(host_value(value))
+
+    def to_device(self, value):
+        """A step argument on this device: copied, unless it already lies there."""
+        return self.from_host(value)
 
     def to_host(self, array) -> np.ndarray:
         """A numpy array with the device array's value (the array itself on the host)."""
@@ -63,5 +68,14 @@ def backend_for(device: str) -> Backend:
     return gpu_backend(device)
 
 
-def is_host(array) -> bool:
-    return isinstance(array, (np.ndarray, np.generic))
+def is_device_array(x) -> bool:
+    """A GPU array: CuPy's, or any other with the CUDA array interface."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return True
+    return not isinstance(x, np.ndarray) and hasattr(x, "__cuda_array_interface__")
+
+
+def host_value(x):
+    """x as a host value: device arrays are copied to the host, anything else is kept."""
+    return x.get() if is_device_array(x) and hasattr(x, "get") else x

@@ -49,6 +49,13 @@ class GpuBackend(Backend):
         with self.cuda_device, self.stream:
             return self.xp.array(value, copy=True)
 
+    def to_device(self, value):
+        """A step argument: a CuPy array already on this GPU is used as is (no copy; the
+        step never writes its arguments), anything else is copied over."""
+        if isinstance(value, self.xp.ndarray) and value.device.id == self.physical:
+            return value
+        return self.from_host(value)
+
     def to_host(self, array) -> np.ndarray:
         if isinstance(array, (np.ndarray, np.generic)):
             return np.asarray(array)

@@ -421,7 +421,7 @@ class _Streams:
         """Arguments arrive as host arrays: copy each onto its device (on its stream)."""
         for v, name in args:
             device = v.device or self.low.backend.device
-            h2d = self.low.glob("H", self.low.backend_of(device).from_host)
+            h2d = self.low.glob("H", self.low.backend_of(device).to_device)
             self.low.emit(f"{name} = {h2d}({name})")
 
     def before(self, eqn) -> None:

@@ -197,3 +197,13 @@ def test_a_failed_step_leaves_gpu_variables_as_they_were():
     with pytest.raises(Exception, match="reshape"):
         bad(np.ones(3, np.float32))
     assert v.numpy().tolist() == [1, 1, 1]
+
+
+def test_device_arrays_make_variables_and_assign():
+    cp = _cupy()
+    with cp.cuda.Device(0):
+        init = cp.asarray(np.arange(3, dtype=np.float32))
+    with gd.OneDeviceStrategy("gpu:0").scope():
+        v = gd.Variable(init, name="v")
+    v.assign(init * 2)
+    assert v.numpy().tolist() == [0, 2, 4]
