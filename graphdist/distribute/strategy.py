@@ -14,6 +14,7 @@ import numpy as np
 from graphdist.distribute import context
 from graphdist.distribute.devices import canonical, default_device, devices as all_devices
 from graphdist.distribute.input import distribute_batch
+from graphdist.runtime.backends import host_value
 from graphdist.distribute.values import PerReplica, ReduceOp, ValueContext, map_structure
 from graphdist.ops.core import Symbolic, current_tracer
 
@@ -55,7 +56,7 @@ def _select_by_replica(values, n: int):
     if len(values) != n:
         raise ValueError(f"a PerReplica of {len(values)} values given to {n} replicas")
     if all(not isinstance(x, Symbolic) for x in values):
-        arrays = [np.asarray(x) for x in values]
+        arrays = [np.asarray(host_value(x)) for x in values]
         if all(a.dtype == arrays[0].dtype and np.array_equal(a, arrays[0]) for a in arrays):
             return values[0]
         if any(a.shape != arrays[0].shape for a in arrays):

@@ -180,6 +180,9 @@ class _Lowering:
                 self.emit(f"{self.glob('P', self.exports[v])}({self.name[v]})")
         if self.events is not None:
             if len(self.lines) > before:
+                if self.streams is not None:   # a profile times the GPU's work, not the launch
+                    backend = self.backend_of(eqn.device)
+                    self.emit(f"{self.glob('Y', backend.synchronize)}()")
                 self.emit(f"_events.append(({i}, _t0, _clock()))")
             else:
                 self.lines.pop()
@@ -366,6 +369,8 @@ class _Lowering:
                 self.streams.before_write(*finals[dst])
             self.emit(f"_np.copyto({dst}, {snap.get(src, src)})" if self.xp is np else
                       f"{dst}[...] = {snap.get(src, src)}")
+            if self.streams is not None:
+                self.streams.after_write(*finals[dst])
 
     def finish(self, arg_names) -> Program:
         return compile_program(self.lines, self.line_eqn, self.env, arg_names, self.g,
@@ -453,6 +458,12 @@ class _Streams:
         self.enter(device)
         if isinstance(final, Var):
             self.wait(device, self.device_of(final))
+
+    def after_write(self, state: Var, final) -> None:
+        device = state.device or self.low.backend.device
+        self.issued[device] = self.issued.get(device, 0) + 1
+        if isinstance(final, Var) and self.device_of(final) != device:
+            self.wait(self.device_of(final), device)   # its buffer is free once copied
 
     def to_host(self, v) -> str:
         return self.low.glob("T", self.low.backend_of(self.device_of(v)).to_host)

@@ -207,3 +207,13 @@ def test_device_arrays_make_variables_and_assign():
         v = gd.Variable(init, name="v")
     v.assign(init * 2)
     assert v.numpy().tolist() == [0, 2, 4]
+
+
+def test_profile_has_a_lane_per_logical_gpu(logical_gpus):
+    _, _, _, step = _train(gd.MirroredStrategy(logical_gpus), "sgd", _batches())
+    strategy_batch = next(iter(gd.MirroredStrategy(logical_gpus)
+                               .experimental_distribute_dataset(_batches()[:1])))
+    trace = step.profile(strategy_batch)
+    lanes = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert set(logical_gpus) <= lanes
+    assert any(e.get("name", "").startswith("nccl_all_reduce") for e in trace["traceEvents"])
