@@ -56,10 +56,14 @@ def make_train_step(strategy, params, optimizer):
     return train_step
 
 
-def make_strategy(devices: int):
+def make_strategy(devices: int, kind: str = "cpu"):
+    """`devices` logical CPU devices, or logical GPUs (splitting the physical ones when
+    there are fewer)."""
+    if kind == "gpu" and len(gd.devices("gpu")) < devices:
+        gd.config.set_logical_device_count("gpu", devices)
     if devices == 1:
-        return gd.OneDeviceStrategy("cpu:0")
-    return gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)])
+        return gd.OneDeviceStrategy(f"{kind}:0")
+    return gd.MirroredStrategy([f"{kind}:{i}" for i in range(devices)])
 
 
 def accuracy(params, x, y) -> float:
@@ -68,11 +72,12 @@ def accuracy(params, x, y) -> float:
 
 
 def train(devices: int = 1, steps: int = 300, batch_size: int = 128, learning_rate=1e-2,
-          seed: int = 0, on_step=None) -> dict:
-    """Train for `steps` steps; returns the final loss, held-out accuracy and the step."""
+          seed: int = 0, on_step=None, kind: str = "cpu") -> dict:
+    """Train for `steps` steps on `devices` devices of `kind` ("cpu" or "gpu"); returns the
+    final loss, held-out accuracy and the step."""
     x_train, y_train = load_digits("train")
     x_test, y_test = load_digits("test")
-    strategy = make_strategy(devices)
+    strategy = make_strategy(devices, kind)
     with strategy.scope():
         names = ["dense1/w", "dense1/b", "dense2/w", "dense2/b"]
         params = [gd.Variable(p, name=n) for p, n in zip(init_params(seed), names)]

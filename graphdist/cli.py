@@ -10,17 +10,22 @@ import sys
 def _demo(args) -> int:
     import numpy as np
 
+    import graphdist as gd
     from graphdist.examples import mlp_digits
     from graphdist.progress import ProgressBar
 
-    print(f"graphdist demo: a 64-128-10 MLP on the UCI digits, {args.devices} device(s), "
-          f"{args.steps} steps")
+    kind = "gpu" if args.gpu else "cpu"
+    if kind == "gpu" and not gd.devices("gpu"):
+        print("graphdist demo --gpu: no GPU here (needs CuPy and a CUDA device)")
+        return 1
+    print(f"graphdist demo: a 64-128-10 MLP on the UCI digits, {args.devices} {kind} "
+          f"device(s), {args.steps} steps")
     bar = ProgressBar(args.steps)
-    result = mlp_digits.train(args.devices, args.steps,
+    result = mlp_digits.train(args.devices, args.steps, kind=kind,
                               on_step=lambda i, n, loss: bar.update(i, f"loss {loss:.4f}"))
     print(f"final loss {result['loss']:.4f}   held-out accuracy {result['accuracy']:.1%}")
     if args.devices > 1:
-        reference = mlp_digits.train(1, args.steps)
+        reference = mlp_digits.train(1, args.steps, kind=kind)
         diff = max(float(np.max(np.abs(a - b))) for a, b in
                    zip(result["params"], reference["params"]))
         print(f"max |parameter difference| vs one device: {diff:.2e}")
@@ -35,10 +40,10 @@ def _demo(args) -> int:
 
 
 def _devices(args) -> int:
-    from graphdist.distribute.devices import devices
+    from graphdist.distribute.devices import devices, physical_gpu_of
 
     for d in devices():
-        print(d)
+        print(d if d.startswith("cpu") else f"{d}  (physical GPU {physical_gpu_of(d)})")
     print("(any cpu:N is a valid logical CPU device)")
     return 0
 
@@ -83,7 +88,10 @@ def main(argv=None) -> int:
                                      "for synchronous data-parallel training")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train the bundled digits MLP end to end")
-    demo.add_argument("--devices", type=int, default=1, help="logical CPU devices (replicas)")
+    demo.add_argument("--devices", type=int, default=1,
+                      help="logical devices (replicas); CPU devices unless --gpu")
+    demo.add_argument("--gpu", action="store_true",
+                      help="train on GPUs (logical ones when --devices exceeds the GPUs)")
     demo.add_argument("--steps", type=int, default=300)
     demo.add_argument("--html", default="graphdist_demo.html",
                       help="where to write the replicated graph as HTML ('' to skip)")

@@ -126,7 +126,9 @@ def device_view(x):
 # tensors per multi-tensor CUDA launch: every array argument costs 7 kernel parameters, and
 # 4 lists x 16 arrays stay under the 4 KiB parameter limit of CUDA before 12.1
 GPU_GROUP = 16
-MAX_BLOCKS_PER_TENSOR = 2048   # with a stride loop: enough blocks to fill an H100 per tensor
+# blocks per tensor of a stride-loop kernel: enough to fill an H100 with one tensor; the
+# simulator runs every CUDA thread as a Python thread, so there a few blocks do all the work
+MAX_BLOCKS_PER_TENSOR = 2 if config.ENABLE_CUDASIM else 2048
 
 
 def gpu_groups(*lists):

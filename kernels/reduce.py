@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import cuda, njit, prange
 
-from .common import CHUNK, device_view, flat, grid, same_dtype, threads_for
+from .common import CHUNK, device_view, flat, grid, multi_grid, same_dtype, threads_for
 
 _OPS = ("sum", "mean")
 
@@ -89,8 +89,7 @@ def all_reduce_cpu(bufs: Sequence[np.ndarray], op: str = "sum", out: np.ndarray 
 
 @cuda.jit(cache=True)
 def _all_reduce_kernel(bufs, out, count, mean, broadcast):  # bufs: tuple of (n,); out: (n,)
-    i = cuda.grid(1)
-    if i < out.shape[0]:
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         acc = bufs[0][i]
         for k in range(1, len(bufs)):
             acc += bufs[k][i]
@@ -104,8 +103,7 @@ def _all_reduce_kernel(bufs, out, count, mean, broadcast):  # bufs: tuple of (n,
 
 @cuda.jit(cache=True)
 def _all_reduce_outs_kernel(bufs, outs, count, mean):  # bufs, outs: tuples of (n,)
-    i = cuda.grid(1)
-    if i < outs[0].shape[0]:
+    for i in range(cuda.grid(1), outs[0].shape[0], cuda.gridsize(1)):
         acc = bufs[0][i]
         for k in range(1, len(bufs)):
             acc += bufs[k][i]
@@ -133,11 +131,13 @@ def all_reduce_gpu(bufs: Sequence, op: str = "sum", out=None, stream=0,
     n = dst.shape[0]
     if n:
         count = np.dtype(dst.dtype).type(len(views))
+        blocks, threads = multi_grid(n, 1)      # a stride loop over the buffer
         if dsts is not None:
-            _all_reduce_outs_kernel[grid(n) + (stream,)](views, dsts, count, op == "mean")
+            _all_reduce_outs_kernel[blocks[0], threads, stream](views, dsts, count,
+                                                                op == "mean")
         else:
-            _all_reduce_kernel[grid(n) + (stream,)](views, dst, count, op == "mean",
-                                                    out is None)
+            _all_reduce_kernel[blocks[0], threads, stream](views, dst, count, op == "mean",
+                                                           out is None)
 
 
 def scale_ref(x: np.ndarray, a: float, dtype=None) -> np.ndarray:

@@ -217,3 +217,15 @@ def test_profile_has_a_lane_per_logical_gpu(logical_gpus):
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
     assert set(logical_gpus) <= lanes
     assert any(e.get("name", "").startswith("nccl_all_reduce") for e in trace["traceEvents"])
+
+
+def test_the_demo_trains_on_logical_gpus_like_on_one(logical_gpus):
+    from graphdist.examples import mlp_digits
+
+    steps = 10 if SIM else 100
+    two = mlp_digits.train(2, steps, kind="gpu")
+    one = mlp_digits.train(1, steps, kind="gpu")
+    assert two["strategy"].devices == ("gpu:0", "gpu:1")
+    for a, b in zip(two["params"], one["params"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert two["losses"][-1] < two["losses"][0]
