@@ -214,7 +214,7 @@ class SequentialExecutable:
     (measured here: 4 threads x 1 BLAS thread ran a GEMM split in 4 at 0.4x the speed of
     one thread x 2 BLAS threads), so concurrency only adds hand-offs. Cross-device values
     are plain references; every device keeps its own buffers. GPU devices always run this
-    way: each queues its work on its own stream, ordered by events (lower._Streams)."""
+    way: each queues its work on its own stream, ordered by events (runtime/streams.py)."""
 
     def __init__(self, placed: Graph, profile: bool = False, shared_results=()):
         self.graph = placed
