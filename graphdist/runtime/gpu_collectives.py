@@ -56,6 +56,10 @@ _NCCL_TYPES = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
 def _nccl_sum(bufs, backends) -> None:
     """In-place NCCL sum of one buffer per physical GPU, each on its device's stream."""
     nccl = cupy().cuda.nccl
+    if not getattr(nccl, "available", True):
+        raise RuntimeError(f"nccl_all_reduce: replicas on {len(bufs)} physical GPUs need NCCL, "
+                           "which CuPy could not load (pip install nvidia-nccl-cu12); or pass "
+                           "cross_device_ops=gd.RingAllReduce() to the strategy")
     name = _NCCL_TYPES.get(np.dtype(bufs[0].dtype).name)
     if name is None:
         raise TypeError(f"nccl_all_reduce: NCCL cannot reduce {bufs[0].dtype}; "
