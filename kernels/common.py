@@ -5,6 +5,7 @@ No update math lives here; that is in sgd.py, adam.py and reduce.py.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 from collections.abc import Sequence
@@ -131,10 +132,19 @@ GPU_GROUP = 16
 MAX_BLOCKS_PER_TENSOR = 2 if config.ENABLE_CUDASIM else 2048
 
 
-def gpu_groups(*lists):
+GROUPS_KEPT = 8    # prepared calls remembered (a compiled step passes the same buffers)
+_groups: collections.OrderedDict = collections.OrderedDict()
+
+
+def gpu_groups(*lists) -> list:
     """The tensor lists of one multi-tensor CUDA call, cut into groups of at most GPU_GROUP
     tensors, each list a tuple of flat device views padded with empty arrays to 4, 8 or 16
-    entries (one compiled kernel per size class). Yields (tuples, largest size).
+    entries (one compiled kernel per size class). Returns [(tuples, largest size)].
+
+    A compiled step passes the same parameter, slot and gradient buffers every time, so the
+    views are remembered by buffer address: wrapping a foreign array for numba costs
+    microseconds per array, which for hundreds of tensors would outlast the update itself.
+    The remembered views keep their buffers alive, so an address cannot be reused meanwhile.
 
     >>> [len(g[0][0]) for g in gpu_groups([np.zeros(3)] * 20)]  # doctest: +SKIP
     [16, 4]
@@ -143,6 +153,26 @@ def gpu_groups(*lists):
     for lst in lists:
         if len(lst) != n:
             raise ValueError("multi-tensor kernel: the tensor lists differ in length")
+    key = tuple((_address(a), a.shape, a.dtype.str) for lst in lists for a in lst)
+    groups = _groups.get(key)
+    if groups is None:
+        groups = _groups[key] = list(_make_groups(lists, n))
+        if len(_groups) > GROUPS_KEPT:
+            _groups.popitem(last=False)
+    else:
+        _groups.move_to_end(key)
+    return groups
+
+
+def _address(a) -> int:
+    ptr = getattr(getattr(a, "data", None), "ptr", None)      # CuPy: the fast way
+    if ptr is not None:
+        return ptr
+    iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+    return iface["data"][0]
+
+
+def _make_groups(lists, n: int):
     for start in range(0, n, GPU_GROUP):
         stop = min(start + GPU_GROUP, n)
         size = next(k for k in TUPLE_SIZES if k >= stop - start)

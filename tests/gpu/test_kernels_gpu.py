@@ -148,3 +148,30 @@ def test_scale_gpu_matches_ref(src, dst):
     out = cuda.device_array(x.shape, dst)
     reduce.scale_gpu(cuda.to_device(x), 0.1, out)
     np.testing.assert_array_equal(out.copy_to_host(), reduce.scale_ref(x, 0.1, dst))
+
+
+def test_multi_tensor_calls_on_the_same_buffers_see_their_new_values():
+    """The second call reuses the first one's prepared views (same buffers, as a compiled
+    step passes them) and still reads the gradients written in between."""
+    from graphdist.kernels import common
+
+    rng, dtype = np.random.default_rng(7), np.float32
+    shapes = [(5,), (3, 4), (SIZES[-1],)]
+    p_ref = [_randn(rng, s, dtype) for s in shapes]
+    m_ref = [np.zeros(s, dtype) for s in shapes]
+    ps, ms = [cuda.to_device(p) for p in p_ref], [cuda.to_device(m) for m in m_ref]
+    gs = [cuda.to_device(np.zeros(s, dtype)) for s in shapes]
+    for step in range(2):
+        grads = [_randn(rng, s, dtype) for s in shapes]
+        for g, host in zip(gs, grads):
+            g.copy_to_device(host)
+        sgd.sgd_multi_gpu(ps, gs, ms, lr=0.1, momentum=0.9)
+        for k, host in enumerate(grads):
+            p_ref[k], m_ref[k] = sgd.sgd_ref(p_ref[k], host, m_ref[k], lr=0.1, momentum=0.9)
+        if step == 0:
+            prepared = common.gpu_groups(ps, gs, ms)
+    assert common.gpu_groups(ps, gs, ms) is prepared
+    cuda.synchronize()
+    for p, m, pr, mr in zip(ps, ms, p_ref, m_ref):
+        _close(p, pr)
+        _close(m, mr)
