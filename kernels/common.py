@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-
 from collections.abc import Sequence
 
 import numba
