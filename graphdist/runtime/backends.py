@@ -7,6 +7,7 @@ lowering asks `ordered` first).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import sys
@@ -42,6 +43,11 @@ class Backend:
     def copy_in(self, dst, src) -> None:
         """Overwrite device array `dst` with host value `src` (same shape)."""
         np.copyto(dst, src)
+
+    def current(self):
+        """A context in which array calls run on this device (for work done at compile
+        time; the compiled program switches devices itself)."""
+        return contextlib.nullcontext()
 
     def kernel(self, op):
         path = op.kernels.get(self.kind)

@@ -70,6 +70,9 @@ class GpuBackend(Backend):
                 dst[...] = src
         self.stream.synchronize()   # `src` may be a host buffer the caller reuses at once
 
+    def current(self):
+        return self.cuda_device
+
     # ------------------------------------------------------------ streams
     def enter(self) -> None:
         """Make this device and its stream current for the calling thread."""

@@ -203,6 +203,8 @@ class _Lowering:
         if eqn in self.packed:
             self.lower_packed_concat(eqn)
             return
+        if op.view and self.static_view(eqn, backend, params):
+            return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
         kernel = backend.kernel(op) if (self.fused or not op.inplace) else None
         if kernel is not None and op.inplace:
@@ -248,6 +250,25 @@ class _Lowering:
                 r = self.root(v)
                 if r is v or r in self.fresh_names:
                     self.fresh_names.setdefault(r, []).append(n)
+
+    def static_view(self, eqn, backend, params) -> bool:
+        """A view of buffers that keep their identity for the program's life (arena
+        buffers, variable storage, constants, other such views) is made once, here, rather
+        than on every run. Ops that would copy instead (a reshape of a transposed buffer)
+        stay in the program."""
+        names = [self.ref(v) for v in eqn.inputs]
+        if not names or not all(isinstance(v, Var) and n[0] in "BSCV" for v, n in
+                                zip(eqn.inputs, names)):
+            return False
+        source = self.env[names[0]]
+        with backend.current():
+            made = eqn.op.impl(backend.xp, *(self.env[n] for n in names), **params)
+            outs = made if eqn.op.num_outputs != 1 else (made,)
+            if not all(backend.xp.may_share_memory(o, source) for o in outs):
+                return False      # it copied (numpy hides the copy behind a view of it)
+        for v, o in zip(eqn.outputs, outs):
+            self.name[v] = self.glob("V", o)
+        return True
 
     def donated(self, eqn, i: int, v, out: Var) -> str | None:
         """Input v's buffer for `out`, when v (or the buffer v views, e.g. flattened) dies at
