@@ -52,10 +52,10 @@ def logical_device_count(kind: str) -> int | None:
 
 
 def set_device_concurrency(mode: str) -> None:
-    """How a replicated step runs its devices: "threads" (one worker thread per device,
-    events between them), "sequential" (one program, device after device, in the calling
-    thread) or "auto" (sequential for logical CPU devices, threads otherwise). Applies to
-    steps compiled afterwards."""
+    """How a replicated step over CPU devices runs them: "threads" (one worker thread per
+    device, events between them), "sequential" (one program, device after device, in the
+    calling thread) or "auto" (sequential). Steps on GPUs always run from one thread, each
+    device on its own stream. Applies to steps compiled afterwards."""
     if mode not in ("auto", "threads", "sequential"):
         raise ValueError(f"set_device_concurrency: mode must be 'auto', 'threads' or "
                          f"'sequential', got {mode!r}")
