@@ -229,3 +229,30 @@ def test_the_demo_trains_on_logical_gpus_like_on_one(logical_gpus):
     for a, b in zip(two["params"], one["params"]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert two["losses"][-1] < two["losses"][0]
+
+
+@pytest.mark.parametrize("cdo", [None, gd.ReductionToOneDevice()], ids=repr)
+def test_sync_on_read_and_first_replica_variables_on_gpus(logical_gpus, cdo):
+    strategy = gd.MirroredStrategy(logical_gpus, cross_device_ops=cdo)
+    with strategy.scope():
+        seen = gd.Variable(0.0, name="seen", synchronization=gd.VariableSynchronization.ON_READ,
+                           aggregation=gd.VariableAggregation.SUM)
+        first = gd.Variable(0.0, name="first",
+                            aggregation=gd.VariableAggregation.ONLY_FIRST_REPLICA)
+
+    @gd.function
+    def step(x):
+        def replica_fn(x):
+            seen.assign_add(gd.reduce_sum(x))
+            rid = gd.get_replica_context().replica_id_in_sync_group
+            first.assign(gd.cast(rid, "float32") + 10.0)
+            return x
+        strategy.run(replica_fn, args=(x,))
+        return seen.read_value()
+
+    x = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.full(3, ctx.replica_id_in_sync_group + 1, np.float32))
+    assert float(step(x)) == 30.0          # 3 * (1 + 2 + 3 + 4), summed over replicas
+    assert float(step(x)) == 60.0
+    assert seen.numpy() == 60.0
+    assert [float(c.get()) for c in first.values] == [10.0] * 4   # replica 0's, everywhere
