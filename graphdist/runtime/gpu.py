@@ -5,7 +5,7 @@ Logical GPUs map round robin onto the physical ones (gpu:i runs on physical i % 
 its memory but each queue work on their own stream. The compiled program of a step is
 issued from one host thread: launches are asynchronous, so the streams overlap on the
 GPU while Python moves on. A value read on another device's stream is ordered by an
-event (see lower.py); a result handed to the caller is copied to the host on the stream
+event (see streams.py); a result handed to the caller is copied to the host on the stream
 that made it.
 """
 
@@ -25,6 +25,8 @@ def cupy():
 
 
 class GpuBackend(Backend):
+    """One logical GPU: its physical device, its stream, and moves to and from the host."""
+
     kind = "gpu"
     ordered = True
 
