@@ -127,7 +127,16 @@ class Device:
 
 # ---------------------------------------------------------------- arrays
 
-_stamps: dict = {}   # id(root buffer) -> [root, (writer ptr, tick), {reader ptr: tick}]
+class _Stamps:
+    """Who last wrote one buffer, and who read it since: (stream ptr, that stream's tick)."""
+
+    def __init__(self, root):
+        self.root = root                   # kept, so its id is not reused meanwhile
+        self.writer: tuple | None = None
+        self.readers: dict = {}
+
+
+_stamps: dict = {}   # id(root buffer) -> _Stamps
 
 
 def _root(a: np.ndarray):
@@ -136,12 +145,17 @@ def _root(a: np.ndarray):
     return a
 
 
-def _entry(a):
+def _stamps_of(a) -> _Stamps:
     root = _root(a)
-    entry = _stamps.get(id(root))
-    if entry is None or entry[0] is not root:
-        entry = _stamps[id(root)] = [root, None, {}]
-    return entry
+    stamps = _stamps.get(id(root))
+    if stamps is None or stamps.root is not root:
+        stamps = _stamps[id(root)] = _Stamps(root)
+    return stamps
+
+
+def _unordered(stream: Stream, stamp) -> bool:
+    """Did `stamp` (ptr, tick) happen on another stream, not yet waited on by `stream`?"""
+    return stamp is not None and stamp[0] != stream.ptr and stream.clock.get(stamp[0], 0) < stamp[1]
 
 
 def _touch(reads, writes) -> None:
@@ -151,22 +165,22 @@ def _touch(reads, writes) -> None:
         return
     tick = stream.tick()
     for a in reads:
-        entry = _entry(a)
-        if entry[1] and entry[1][0] != stream.ptr and stream.clock.get(entry[1][0], 0) < entry[1][1]:
+        stamps = _stamps_of(a)
+        if _unordered(stream, stamps.writer):
             raise StreamRace(f"read on stream {stream.ptr} of a buffer written on stream "
-                             f"{entry[1][0]} with no event wait after the write")
-        entry[2][stream.ptr] = tick
+                             f"{stamps.writer[0]} with no event wait after the write")
+        stamps.readers[stream.ptr] = tick
     for a in writes:
-        entry = _entry(a)
-        for reader, t in list(entry[2].items()):
-            if reader != stream.ptr and stream.clock.get(reader, 0) < t:
+        stamps = _stamps_of(a)
+        for reader in stamps.readers.items():
+            if _unordered(stream, reader):
                 raise StreamRace(f"write on stream {stream.ptr} of a buffer read on stream "
-                                 f"{reader} with no event wait after the read")
-        if entry[1] and entry[1][0] != stream.ptr and stream.clock.get(entry[1][0], 0) < entry[1][1]:
+                                 f"{reader[0]} with no event wait after the read")
+        if _unordered(stream, stamps.writer):
             raise StreamRace(f"write on stream {stream.ptr} of a buffer written on stream "
-                             f"{entry[1][0]} with no event wait after that write")
-        entry[1] = (stream.ptr, tick)
-        entry[2] = {}
+                             f"{stamps.writer[0]} with no event wait after that write")
+        stamps.writer = (stream.ptr, tick)
+        stamps.readers = {}
 
 
 class ndarray(np.ndarray):
