@@ -3,7 +3,8 @@
 1. Fused Adam over 100M float32 parameters in 50 tensors through the public API
    (apply_gradients inside a compiled step) against a device-to-device copy of the same
    bytes (the bandwidth limit; target: at least 0.85x of it at 7 x 4 B per parameter vs
-   2 x 4 B per copied element) and torch.optim.Adam(fused=True) on the same GPU.
+   2 x 4 B per copied element), torch.optim.Adam(fused=True) on the same GPU, the unfused
+   step, and the bare kernel on separate tensors vs one flat buffer (which layout to use).
 2. The MLP 784-1024-1024-10 (batch 512, Adam) on one GPU and on 4 logical GPUs
    (set_logical_device_count("gpu", 4)) against the same model in PyTorch.
 
@@ -59,7 +60,9 @@ def adam(total: int, repeat: int) -> tuple[dict, str]:
     step = gd.function(lambda gs: opt.apply_gradients(zip(gs, variables)))
     fused = sum(e.op.name == "adam_multi_update" for e in step.get_graph(grads).eqns)
     contenders = {"graphdist fused Adam": _synced(lambda: step(grads)),
-                  "cupy copy (D2D)": _synced(lambda: cupy.copyto(dst, src))}
+                  "graphdist unfused (CuPy ops)": _synced(lambda: _unfused(step, grads)),
+                  "cupy copy (D2D)": _synced(lambda: cupy.copyto(dst, src)),
+                  **_kernel_layouts(cupy, rng, shapes)}
     torch = _torch()
     if torch is not None:
         tp = [torch.nn.Parameter(torch.from_numpy(p).cuda()) for p in host_params]
@@ -79,6 +82,33 @@ def adam(total: int, repeat: int) -> tuple[dict, str]:
                  f"gpu:0 (GB/s by min of {repeat}; target >= 0.85x copy)",
                  ["contender", "median ms", "min ms", "GB/s", "vs copy"], rows)
     return results, text
+
+
+def _unfused(step, grads):
+    gd.config.set_fused_kernels(False)      # its own compiled variant of the step
+    try:
+        step(grads)
+    finally:
+        gd.config.set_fused_kernels(True)
+
+
+def _kernel_layouts(cupy, rng, shapes) -> dict:
+    """The two layouts docs/architecture.md weighs, on the bare kernels: the parameters as
+    separate tensors (one launch per 16, what graphdist runs) and as one flat buffer (one
+    launch for all)."""
+    from graphdist.kernels.adam import adam_gpu, adam_multi_gpu
+
+    with cupy.cuda.Device(0):
+        lr_t = cupy.full(1, LR, np.float32)
+        ps, gs = ([cupy.asarray(rng.standard_normal(n).astype(np.float32) * scale)
+                   for n in shapes] for scale in (1.0, 1e-2))
+        tensors = [ps, gs, [cupy.zeros(n, np.float32) for n in shapes],
+                   [cupy.zeros(n, np.float32) for n in shapes]]        # p, g, m, v
+        flat = [cupy.concatenate(ts) for ts in tensors]
+    return {"kernel: separate tensors": _synced(lambda: adam_multi_gpu(
+                tensors[0], tensors[1], tensors[2], tensors[3], lr_t, B1, B2, EPS)),
+            "kernel: one flat buffer": _synced(lambda: adam_gpu(
+                flat[0], flat[1], flat[2], flat[3], lr_t, B1, B2, EPS))}
 
 
 def torch_mlp(x, y):
