@@ -77,10 +77,22 @@ def test_one_fused_node_per_device_and_replicas_bit_identical():
     for _ in range(3):
         step(batch)
     placed = step.replicated_graph
-    fused = [e for e in placed.eqns if e.op.name == "adam_multi_update"]
-    assert sorted(e.device for e in fused) == list(strategy.devices)
+    # run as one program (the default on CPU), the bucket's all-reduce and every replica's
+    # update are one node (fuse_reduce_update)
+    (node,) = [e for e in placed.eqns if e.op.name == "host_reduce_update"]
+    assert dict(node.params)["update"] == "adam_multi_update"
+    assert {v.device for v in node.outputs} == set(strategy.devices)
+    assert not any(e.op.name == "adam_multi_update" for e in placed.eqns)
     for w in ws:
         assert all(np.array_equal(w.values[0], c) for c in w.values[1:])
+    gd.config.set_device_concurrency("threads")    # a thread per device: one update each
+    try:
+        step, ws = _model(strategy, OPTIMIZERS["adam"])
+        step(batch)
+        fused = [e for e in step.replicated_graph.eqns if e.op.name == "adam_multi_update"]
+        assert sorted(e.device for e in fused) == list(strategy.devices)
+    finally:
+        gd.config.set_device_concurrency("auto")
 
 
 def test_dtypes_and_hyperparameters_split_groups():

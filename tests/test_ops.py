@@ -372,6 +372,7 @@ INTERNAL_TESTED_ELSEWHERE = {
     "adam_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
     "host_all_reduce": "tests/test_cross_device_ops.py (a lowering of all_reduce)",
     "nccl_all_reduce": "tests/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
+    "host_reduce_update": "tests/test_reduce_update.py (made by fuse_reduce_update)",
 }
 
 

@@ -184,8 +184,12 @@ def test_placed_graph_is_valid_placed_and_acyclic(lowering):
 @pytest.mark.parametrize("lowering", LOWERINGS[:2])
 def test_compute_is_cloned_once_per_device(lowering):
     strategy = gd.MirroredStrategy(list(DEVICES), cross_device_ops=lowering)
-    step, batch, _, _ = _model_step(strategy)
-    step(batch)
+    gd.config.set_device_concurrency("threads")   # the replicated graph as replicate made it
+    try:                                            # (one program would fuse the updates)
+        step, batch, _, _ = _model_step(strategy)
+        step(batch)
+    finally:
+        gd.config.set_device_concurrency("auto")
     logical, placed = step.graph, step.replicated_graph
     logical_compute = [e for e in logical.eqns
                        if e.op.name not in LOGICAL_COLLECTIVES and e.op.name != "replica_id"]

@@ -72,3 +72,112 @@ def host_all_reduce_ref(xs, op: str = "sum"):
     import numpy as np
 
     return _host_all_reduce_impl(np, *xs, op=op)
+
+
+# ---------------------------------------------------------------- all-reduce + update
+# Made by passes/fuse.py (fuse_reduce_update) on host devices: a host_all_reduce whose
+# results only feed, as views, the multi-tensor optimizer update of every replica becomes
+# one node. Inputs: the R flat buckets, then per replica the update's inputs without the
+# gradients (p, m[, v] per tensor, then the shared lr_t for Adam). Outputs: every replica's
+# update outputs, each written in place over its input. params: the update's own
+# (op name in `update`, n, hyper-parameters), the reduction (`reduce`), the tensors'
+# `offsets` in the bucket, and `replicas`.
+host_reduce_update_p = Op("host_reduce_update", collective=True, num_outputs=None,
+                          differentiable=False)
+
+
+def _update_parts(params: dict):
+    """(multi-update op, per-tensor inputs without the gradient, shared inputs)."""
+    from graphdist.ops.core import OPS
+
+    multi = OPS[params["update"]].multi
+    return multi, multi.k - 1, multi.shared
+
+
+def _replica_inputs(ins, params: dict):
+    """Each replica's update inputs, with placeholders (None) where the gradients go."""
+    _, kept, shared = _update_parts(params)
+    r, n = params["replicas"], params["n"]
+    per = n * kept + shared
+    rest = ins[r:]
+    out = []
+    for k in range(r):
+        chunk = rest[k * per:(k + 1) * per]
+        full = []
+        for j in range(n):
+            full += list(chunk[j * kept:(j + 1) * kept]) + [None]
+        out.append(full + list(chunk[n * kept:]))
+    return out
+
+
+def _update_params(params: dict) -> dict:
+    drop = {"update", "reduce", "offsets", "replicas"}
+    return {k: v for k, v in params.items() if k not in drop}
+
+
+@host_reduce_update_p.def_shape
+def _reduce_update_shape(*ins, **params):
+    multi = _update_parts(params)[0]
+    reduce_types("host_reduce_update", ins[:params["replicas"]], params["reduce"])
+    outs = []
+    for full in _replica_inputs(ins, params):
+        grads_like = [full[j * multi.k] for j in range(params["n"])]   # p's type
+        typed = [grads_like[i // multi.k] if t is None else t for i, t in enumerate(full)]
+        outs += multi.op.out_types(*typed, **_update_params(params))
+    return tuple(outs)
+
+
+@host_reduce_update_p.def_impl
+def _reduce_update_impl(xp, *ins, **params):
+    """The reference: the all-reduce, then each replica's update on views of its result."""
+    multi, kept, _ = _update_parts(params)
+    r = params["replicas"]
+    total = _host_all_reduce_impl(xp, *ins[:r], op=params["reduce"])
+    outs = []
+    for k, full in enumerate(_replica_inputs(ins, params)):
+        args = list(full)
+        for j, offset in enumerate(params["offsets"]):
+            p = full[j * multi.k]
+            args[j * multi.k + kept] = total[k][offset:offset + p.size].reshape(p.shape)
+        outs += list(multi.op.impl(xp, *args, **_update_params(params)))
+    return tuple(outs)
+
+
+def _reduce_update_inplace(params) -> dict:
+    params = dict(params)
+    multi, kept, shared = _update_parts(params)
+    r, n = params["replicas"], params["n"]
+    per = n * kept + shared
+    return {k * n * multi.outs + j * multi.outs + o: r + k * per + j * kept + o
+            for k in range(r) for j in range(n) for o in range(multi.outs)}
+
+
+host_reduce_update_p.inplace = _reduce_update_inplace
+host_reduce_update_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in outs),
+                                                      sum(t.nbytes for t in ins + outs)))
+host_reduce_update_p.def_kernel("cpu", "graphdist.ops.host_collectives:reduce_update_cpu_kernel")
+
+
+def reduce_update_cpu_kernel(*ins, update, reduce, offsets, replicas, n, **hyper):
+    """The fused kernel over the node's inputs (updated in place)."""
+    from graphdist.kernels.reduce_update import reduce_adam_cpu, reduce_sgd_cpu
+
+    params = {"update": update, "replicas": replicas, "n": n}
+    multi, kept, _ = _update_parts(params)
+    bufs = ins[:replicas]
+    lists = [[] for _ in range(kept)]
+    rates = []
+    for full in _replica_inputs(ins, params):
+        for j in range(n):
+            for q in range(kept):
+                lists[q].append(full[j * multi.k + q])
+        rates += full[n * multi.k:]
+    if update == "adam_multi_update":
+        reduce_adam_cpu(bufs, offsets, *lists, rates, reduce, hyper["beta_1"], hyper["beta_2"],
+                        hyper["epsilon"], hyper["lr"] * hyper["weight_decay"])
+    elif update == "sgd_momentum_multi_update":
+        reduce_sgd_cpu(bufs, offsets, lists[0], lists[1], reduce, hyper["lr"], hyper["momentum"],
+                       hyper["nesterov"], hyper["weight_decay"])
+    else:
+        reduce_sgd_cpu(bufs, offsets, lists[0], None, reduce, hyper["lr"], 0.0, False,
+                       hyper["weight_decay"])

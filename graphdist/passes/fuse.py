@@ -70,3 +70,94 @@ def stable_topological(indexed_eqns: list, inputs) -> list:
                 heapq.heappush(ready, (indexed_eqns[u][0], u))
     assert len(out) == len(indexed_eqns), "cycle in graph"
     return out
+
+
+def fuse_reduce_update(g: Graph) -> Graph:
+    """On host devices: a host_all_reduce whose every result reaches only its replica's
+    multi-tensor optimizer update, through views (reshape, split along axis 0), becomes one
+    host_reduce_update node that sums each chunk of the buckets once and updates every
+    replica's tensors from it (kernels/reduce_update.py): the reduced gradient is never
+    written out per replica and read back. Same bits as the unfused pair."""
+    users: dict = {}
+    for i, eqn in enumerate(g.eqns):
+        for v in eqn.inputs:
+            if isinstance(v, Var):
+                users.setdefault(v, []).append(i)
+    outputs = {v for v in g.outputs if isinstance(v, Var)}
+    replaced: dict = {}
+    for i, eqn in enumerate(g.eqns):
+        if eqn.op.name != "host_all_reduce":
+            continue
+        plan = _reduce_update_plan(g, eqn, users, outputs)
+        if plan is None:
+            continue
+        updates, dead, offsets = plan
+        replaced.update({k: None for k in (*dead, *updates)})
+        replaced[max(updates)] = _fused(eqn, [g.eqns[k] for k in updates], offsets)
+        replaced.setdefault(i, None)
+    if not replaced:
+        return g
+    eqns = [(i, replaced.get(i, e)) for i, e in enumerate(g.eqns) if replaced.get(i, e) is not None]
+    return replace(g, eqns=tuple(stable_topological(eqns, g.inputs)))
+
+
+def _reduce_update_plan(g: Graph, reduce_eqn, users: dict, outputs: set):
+    """(update eqn indices in replica order, view eqn indices made dead, each tensor's
+    offset in the bucket), or None when the results have any other use."""
+    updates, dead, layout = [], set(), None
+    for out in reduce_eqn.outputs:
+        found = {}                           # grad position in the update -> bucket offset
+        update = None
+        stack = [(out, 0)]
+        while stack:
+            v, offset = stack.pop()
+            if v in outputs:
+                return None
+            for k in users.get(v, ()):
+                e = g.eqns[k]
+                multi = getattr(e.op, "multi", None)
+                if e.op.name == "reshape":
+                    dead.add(k)
+                    stack.append((e.outputs[0], offset))
+                elif e.op.name == "split" and dict(e.params)["axis"] == 0:
+                    dead.add(k)
+                    row = v.ty.size // max(v.ty.shape[0], 1) if v.ty.ndim else 1
+                    start = offset
+                    for piece, size in zip(e.outputs, dict(e.params)["sizes"]):
+                        stack.append((piece, start))
+                        start += size * row
+                elif multi is not None and update in (None, k):
+                    uses = [j for j, x in enumerate(e.inputs) if x is v]
+                    slots = [j for j in uses if j < dict(e.params)["n"] * multi.k
+                             and j % multi.k == multi.k - 1]
+                    if not slots or len(slots) != len(uses):
+                        return None             # read as something other than a gradient
+                    update = k
+                    found.update({j // multi.k: offset for j in slots})
+                else:
+                    return None
+        if update is None or len(found) != dict(g.eqns[update].params)["n"]:
+            return None
+        offsets = tuple(found[j] for j in range(len(found)))
+        key = (g.eqns[update].op.name, g.eqns[update].params, offsets)
+        if layout not in (None, key):
+            return None
+        layout = key
+        updates.append(update)
+    return updates, dead, layout[2]
+
+
+def _fused(reduce_eqn, updates: list, offsets: tuple) -> Eqn:
+    multi = updates[0].op.multi
+    n = dict(updates[0].params)["n"]
+    ins = list(reduce_eqn.inputs)
+    outs = []
+    for u in updates:
+        for j in range(n):
+            ins += u.inputs[j * multi.k:(j + 1) * multi.k - 1]
+        ins += u.inputs[n * multi.k:]
+        outs += u.outputs
+    params = dict(updates[0].params, update=updates[0].op.name, offsets=offsets,
+                  reduce=dict(reduce_eqn.params)["op"], replicas=len(updates))
+    return Eqn(OPS["host_reduce_update"], tuple(ins), tuple(outs), tuple(sorted(params.items())),
+               device=reduce_eqn.device, scope=updates[0].scope, source=updates[0].source)

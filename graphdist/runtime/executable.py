@@ -12,6 +12,7 @@ from graphdist.distribute import context
 from graphdist.errors import TraceError, WorkerError
 from graphdist.ir import Graph, Var
 from graphdist.passes import place, run_passes, schedule
+from graphdist.passes.fuse import fuse_reduce_update
 from graphdist.runtime import threads
 from graphdist.runtime.backends import backend_for
 from graphdist.runtime.lower import lower
@@ -278,6 +279,8 @@ def compile_replicated(graphs: list[Graph], strategy, profile: bool = False,
                              f"on {list(strategy.devices)}; create it under strategy.scope()")
     placed = replicate(graphs, strategy.devices, strategy.cross_device_ops)
     if _sequential(strategy.devices):
+        if config.fused_kernels() and not _on_gpu(strategy.devices):
+            placed = fuse_reduce_update(placed)
         return SequentialExecutable(placed, profile, shared_results)
     return MultiDeviceExecutable(placed, profile, shared_results)
 
