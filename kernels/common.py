@@ -140,10 +140,10 @@ def gpu_groups(*lists) -> list:
     tensors, each list a tuple of flat device views padded with empty arrays to 4, 8 or 16
     entries (one compiled kernel per size class). Returns [(tuples, largest size)].
 
-    A compiled step passes the same parameter, slot and gradient buffers every time, so the
-    views are remembered by buffer address: wrapping a foreign array for numba costs
-    microseconds per array, which for hundreds of tensors would outlast the update itself.
-    The remembered views keep their buffers alive, so an address cannot be reused meanwhile.
+    A compiled step passes the same parameter, slot and gradient arrays every time, so the
+    views are remembered by the arrays' identities (see remembered): wrapping a foreign
+    array for numba costs microseconds per array, which for hundreds of tensors would
+    outlast the update itself.
 
     >>> [len(g[0][0]) for g in gpu_groups([np.zeros(3)] * 20)]  # doctest: +SKIP
     [16, 4]
@@ -152,23 +152,24 @@ def gpu_groups(*lists) -> list:
     for lst in lists:
         if len(lst) != n:
             raise ValueError("multi-tensor kernel: the tensor lists differ in length")
-    key = tuple((_address(a), a.shape, a.dtype.str) for lst in lists for a in lst)
-    groups = _groups.get(key)
-    if groups is None:
-        groups = _groups[key] = list(_make_groups(lists, n))
-        if len(_groups) > GROUPS_KEPT:
-            _groups.popitem(last=False)
+    return remembered(_groups, lists, lambda: list(_make_groups(lists, n)))
+
+
+def remembered(cache: collections.OrderedDict, lists, make):
+    """make(), or what it gave for the same arrays (the same objects, in order) lately.
+
+    The cache keeps those arrays alive, so no other array can take their identities (or
+    their memory) while it remembers them; it keeps the last GROUPS_KEPT calls.
+    """
+    key = tuple(id(a) for lst in lists for a in lst)
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = (make(), lists)
+        if len(cache) > GROUPS_KEPT:
+            cache.popitem(last=False)
     else:
-        _groups.move_to_end(key)
-    return groups
-
-
-def _address(a) -> int:
-    ptr = getattr(getattr(a, "data", None), "ptr", None)      # CuPy: the fast way
-    if ptr is not None:
-        return ptr
-    iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-    return iface["data"][0]
+        cache.move_to_end(key)
+    return hit[0]
 
 
 def _make_groups(lists, n: int):

@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from .adam import _adam_cpu_math
 from .adam import _scalars as _adam_scalars
-from .common import CHUNK, _address, chunk_table, same_dtype, tensor_list, threads_for
+from .common import CHUNK, remembered, same_dtype, tensor_group, threads_for
 from .sgd import _scalars as _sgd_scalars
 from .sgd import _sgd_cpu_math
 
@@ -74,27 +74,20 @@ _prepared: OrderedDict = OrderedDict()   # a compiled step passes the same buffe
 
 
 def _prepare(bufs, offsets, lists, n: int):
-    """(bucket tuple, offsets, chunk table, typed Lists), made once per set of buffers."""
-    key = tuple(_address(a) for a in (*bufs, *(a for lst in lists for a in lst)))
-    hit = _prepared.get(key)
-    if hit is None:
-        flats = [tensor_list(lst) for lst in lists]
+    """(bucket tuple, offsets, chunk table, typed Lists), made once per set of arrays."""
+    def make():
         for lst in lists:
             if len(lst) != len(bufs) * n:
                 raise ValueError(f"reduce_update: expected {len(bufs)} replicas x {n} tensors, "
                                  f"got {len(lst)}")
+        flats = tensor_group(*lists)     # padded tuples up to 16 tensors: no typed List
         sizes = [flats[0][j].size for j in range(n)]
         if any(o + s > bufs[0].size for o, s in zip(offsets, sizes)):
             raise ValueError("reduce_update: a tensor lies outside the gradient bucket")
-        hit = (tuple(b.reshape(-1) for b in bufs), np.asarray(offsets, np.int64),
-               chunk_table(tensor_list([flats[0][j] for j in range(n)]), CHUNK), flats,
-               bufs, lists)          # the arrays themselves: their addresses stay theirs
-        _prepared[key] = hit
-        if len(_prepared) > 8:
-            _prepared.popitem(last=False)
-    else:
-        _prepared.move_to_end(key)
-    return hit[:4]
+        table = np.array([(j, start, min(start + CHUNK, size)) for j, size in enumerate(sizes)
+                          for start in range(0, size, CHUNK)], np.int64).reshape(-1, 3)
+        return tuple(b.reshape(-1) for b in bufs), np.asarray(offsets, np.int64), table, flats
+    return remembered(_prepared, [bufs, *lists, [offsets]], make)
 
 
 def reduce_sgd_cpu(bufs, offsets, ps, ms, op, lr, momentum=0.0, nesterov=False,
