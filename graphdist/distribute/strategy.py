@@ -144,6 +144,10 @@ class Strategy:
         self._devices = tuple(canonical(d) for d in devices)
         if len(set(self._devices)) != len(self._devices):
             raise ValueError(f"{type(self).__name__}: duplicate devices in {devices}")
+        if len({d.partition(":")[0] for d in self._devices}) > 1:
+            raise ValueError(f"{type(self).__name__}: devices {list(self._devices)} mix CPUs and "
+                             "GPUs; replicas on both kinds are not supported: use all "
+                             "cpu:N or all gpu:N devices")
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         from graphdist.distribute.cross_device_ops import choose_cross_device_ops

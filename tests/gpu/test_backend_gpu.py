@@ -256,3 +256,8 @@ def test_sync_on_read_and_first_replica_variables_on_gpus(logical_gpus, cdo):
     assert float(step(x)) == 60.0
     assert seen.numpy() == 60.0
     assert [float(c.get()) for c in first.values] == [10.0] * 4   # replica 0's, everywhere
+
+
+def test_a_strategy_over_cpus_and_gpus_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"cpu:0.*gpu:0|mix CPUs and GPUs"):
+        gd.MirroredStrategy(["cpu:0", "gpu:0"])
