@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "mirrored_mlp",
+BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update",
+              "mirrored_mlp",
               "gpu"]
 
 
