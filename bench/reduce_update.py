@@ -14,9 +14,9 @@ and writes only its state (momentum 4 x 16 B, Adam 4 x 24 B).
 from __future__ import annotations
 
 import numpy as np
+from graphdist.kernels import adam, reduce, reduce_update, sgd
 
 from bench.common import interleaved, save, table
-from graphdist.kernels import adam, reduce, reduce_update, sgd
 
 SHAPES = [(784, 1024), (1024,), (1024, 1024), (1024,), (1024, 10), (10,)]
 REPLICAS = 4
