@@ -155,3 +155,30 @@ def test_not_fused_when_the_reduced_gradient_is_read_elsewhere():
     assert sum(e.op.name == "host_reduce_update" for e in fused.eqns) == 1
     returned = replace(placed, outputs=placed.outputs + (bucket.outputs[2],))
     assert fuse_reduce_update(returned) is returned     # a result reads it: left alone
+
+
+def test_an_update_spread_over_several_buckets_is_fused_per_bucket():
+    def train(mode):
+        gd.config.set_device_concurrency(mode)
+        try:
+            strategy = gd.MirroredStrategy(DEVICES, bucket_bytes=300)   # several buckets
+            step, ws = _model(strategy, lambda: gd.optimizers.Adam(0.01))
+            rng = np.random.default_rng(2)
+            data = [(rng.standard_normal((32, 8)).astype(np.float32),
+                     rng.standard_normal((32, 4)).astype(np.float32)) for _ in range(3)]
+            for b in strategy.experimental_distribute_dataset(data):
+                step(b)
+        finally:
+            gd.config.set_device_concurrency("auto")
+        return step, ws
+
+    fused_step, fused_ws = train("sequential")
+    plain_step, plain_ws = train("threads")
+    buckets = sum(e.op.name == "host_all_reduce" and e.outputs[0].ty.size > 1
+                  for e in plain_step.replicated_graph.eqns)
+    nodes = [e for e in fused_step.replicated_graph.eqns if e.op.name == "host_reduce_update"]
+    assert buckets > 1 and len(nodes) == buckets
+    assert sum(dict(e.params)["n"] for e in nodes) == len(fused_ws)
+    for a, b in zip(fused_ws, plain_ws):
+        for ca, cb in zip(a.values, b.values):
+            np.testing.assert_array_equal(ca, cb)

@@ -77,7 +77,9 @@ def fuse_reduce_update(g: Graph) -> Graph:
     multi-tensor optimizer update, through views (reshape, split along axis 0), becomes one
     host_reduce_update node that sums each chunk of the buckets once and updates every
     replica's tensors from it (kernels/reduce_update.py): the reduced gradient is never
-    written out per replica and read back. Same bits as the unfused pair."""
+    written out per replica and read back. Same bits as the unfused pair. An update whose
+    gradients come from several buckets is first cut into one update per bucket."""
+    g = _split_updates_by_bucket(g)
     users: dict = {}
     for i, eqn in enumerate(g.eqns):
         for v in eqn.inputs:
@@ -161,3 +163,42 @@ def _fused(reduce_eqn, updates: list, offsets: tuple) -> Eqn:
                   reduce=dict(reduce_eqn.params)["op"], replicas=len(updates))
     return Eqn(OPS["host_reduce_update"], tuple(ins), tuple(outs), tuple(sorted(params.items())),
                device=reduce_eqn.device, scope=updates[0].scope, source=updates[0].source)
+
+
+def _split_updates_by_bucket(g: Graph) -> Graph:
+    """Cut each multi-tensor update whose gradients come from several host all-reduces into
+    one update per all-reduce (the tensors' updates are independent; order is kept)."""
+    producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
+
+    def bucket_of(v):
+        while isinstance(v, Var) and v in producer:
+            e = g.eqns[producer[v]]
+            if e.op.name == "host_all_reduce":
+                return producer[v]
+            if e.op.name not in ("reshape", "split"):
+                return None
+            v = e.inputs[0]
+        return None
+
+    replaced: dict = {}
+    for i, eqn in enumerate(g.eqns):
+        multi = getattr(eqn.op, "multi", None)
+        if multi is None:
+            continue
+        n = dict(eqn.params)["n"]
+        sources = [bucket_of(eqn.inputs[j * multi.k + multi.k - 1]) for j in range(n)]
+        if len(set(sources)) < 2 or None in sources:
+            continue
+        parts = []
+        for source in dict.fromkeys(sources):          # first-seen order
+            js = [j for j in range(n) if sources[j] == source]
+            ins = tuple(v for j in js for v in eqn.inputs[j * multi.k:(j + 1) * multi.k])
+            outs = tuple(v for j in js for v in eqn.outputs[j * multi.outs:(j + 1) * multi.outs])
+            params = tuple(sorted(dict(eqn.params, n=len(js)).items()))
+            parts.append(replace(eqn, inputs=ins + eqn.inputs[n * multi.k:], outputs=outs,
+                                 params=params))
+        replaced[i] = parts
+    if not replaced:
+        return g
+    eqns = [e for i, e in enumerate(g.eqns) for e in replaced.get(i, [e])]
+    return replace(g, eqns=tuple(eqns))
