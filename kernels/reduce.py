@@ -34,6 +34,22 @@ def _check_op(op):
         raise ValueError(f"all_reduce: expected op in {_OPS}, got {op!r}")
 
 
+@njit(error_model="numpy", cache=True)
+def reduce_chunk(bufs, start, stop, count, mean, acc):
+    """acc[:] = bufs[0][start:stop] + bufs[1][start:stop] + ... (then / count), in buffer
+    order: the one definition of the sum every host all-reduce kernel computes."""
+    first = bufs[0][start:stop]
+    for i in range(stop - start):
+        acc[i] = first[i]
+    for k in range(1, len(bufs)):
+        b = bufs[k][start:stop]
+        for i in range(stop - start):
+            acc[i] += b[i]
+    if mean:
+        for i in range(stop - start):
+            acc[i] /= count
+
+
 @njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
 def _all_reduce(bufs, outs, count, mean):  # bufs, outs: tuples of (n,)
     n = outs[0].size
@@ -44,16 +60,7 @@ def _all_reduce(bufs, outs, count, mean):  # bufs, outs: tuples of (n,)
         start, stop = c * CHUNK, min(c * CHUNK + CHUNK, n)
         # chunk by chunk, so the running sum stays in cache while each buffer streams by once
         acc = outs[0][start:stop]
-        first = bufs[0][start:stop]
-        for i in range(stop - start):
-            acc[i] = first[i]
-        for k in range(1, len(bufs)):
-            b = bufs[k][start:stop]
-            for i in range(stop - start):
-                acc[i] += b[i]
-        if mean:
-            for i in range(stop - start):
-                acc[i] /= count
+        reduce_chunk(bufs, start, stop, count, mean, acc)
         for k in range(1, len(outs)):   # the chunk is still in cache: copy it out
             o = outs[k][start:stop]
             for i in range(stop - start):

@@ -25,21 +25,16 @@ from numba import njit, prange
 from .adam import _adam_cpu_math
 from .adam import _scalars as _adam_scalars
 from .common import CHUNK, remembered, same_dtype, tensor_group, threads_for
+from .reduce import reduce_chunk
 from .sgd import _scalars as _sgd_scalars
 from .sgd import _sgd_cpu_math
 
 
 @njit(error_model="numpy", cache=True)
 def _reduced(bufs, start, stop, count, mean):
-    """One chunk of the all-reduce: bufs[0] + bufs[1] + ... (then / count), in order."""
-    acc = bufs[0][start:stop].copy()
-    for k in range(1, len(bufs)):
-        b = bufs[k][start:stop]
-        for i in range(stop - start):
-            acc[i] += b[i]
-    if mean:
-        for i in range(stop - start):
-            acc[i] /= count
+    """One chunk of the all-reduce, in a buffer of its own (it stays in cache)."""
+    acc = np.empty(stop - start, bufs[0].dtype)
+    reduce_chunk(bufs, start, stop, count, mean, acc)
     return acc
 
 
