@@ -1,6 +1,12 @@
-"""fuse_optimizer: a device's per-variable optimizer updates that share an op, its
+"""Fusing optimizer work.
+
+fuse_optimizer: a device's per-variable optimizer updates that share an op, its
 hyper-parameters, shared scalars (lr_t) and dtype become one multi-tensor eqn, so one
-kernel launch updates every parameter (and the placed graph and profile show it so)."""
+kernel launch updates every parameter (and the placed graph and profile show it so).
+
+fuse_reduce_update: on logical CPU devices, a gradient bucket's all-reduce and every
+replica's multi-tensor update become one node that streams the buckets once.
+"""
 
 from __future__ import annotations
 
@@ -146,6 +152,8 @@ def _reduce_update_plan(g: Graph, reduce_eqn, users: dict, outputs: set):
             return None
         layout = key
         updates.append(update)
+    if len(set(updates)) != len(updates):
+        return None                          # one update fed by two replicas' results
     return updates, dead, layout[2]
 
 
