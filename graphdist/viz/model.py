@@ -32,6 +32,7 @@ class Node:
     index: int | None = None  # position in g.eqns; None for a graph input
     outputs: tuple = ()       # the Vars it defines
     view: bool = False        # a view op (reshape, transpose, read_var): no new buffer
+    in_types: tuple = ()      # the ArrayTypes it reads (a collective's payload is the first)
 
     @property
     def name(self) -> str:
@@ -108,7 +109,8 @@ def read(g: Graph) -> View:
         params = ",".join(f"{k}={param_text(v)}" for k, v in eqn.params)
         node = Node(len(nodes), kind, str(eqn.op), names, tuple(v.ty for v in eqn.outputs),
                     eqn.device, devices, eqn.scope, flops, nbytes, moved_bytes(eqn), params,
-                    eqn.source, index, eqn.outputs, bool(getattr(eqn.op, "view", False)))
+                    eqn.source, index, eqn.outputs, bool(getattr(eqn.op, "view", False)),
+                    tuple(x.ty for x in eqn.inputs))
         nodes.append(node)
         seen = set()
         for x in eqn.inputs:

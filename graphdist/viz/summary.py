@@ -62,8 +62,10 @@ def _describe(nodes) -> dict:
     counts = Counter(n.op for n in nodes)
     first = max(main, key=lambda n: sum(t.nbytes for t in n.types))
     head = f"{first.op}[{first.params}]" if first.params else first.op
-    payload = max((t.nbytes for n in main for t in n.types[:1]), default=0)
-    return {"op": head, "ops": dict(counts), "type": str(first.types[0]) if first.types else "",
+    carried = [(n.in_types or n.types)[:1] for n in main]    # what a collective carries
+    payload = max((t.nbytes for ts in carried for t in ts), default=0)
+    shown = (first.in_types or first.types)[:1]
+    return {"op": head, "ops": dict(counts), "type": str(shown[0]) if shown else "",
             "payload": payload, "moved": sum(n.moved for n in nodes),
             "devices": sorted({d for n in nodes for d in n.devices}, key=str),
             "nodes": [n.name for n in nodes]}
