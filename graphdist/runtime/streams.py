@@ -28,8 +28,13 @@ class StreamOrder:
         self.current = None
         self.pending_join: list = []
 
+    def placed(self, device) -> str:
+        """The device of an eqn or value; unplaced ones run on the program's device."""
+        return device or self.low.backend.device
+
     def device_of(self, v) -> str:
-        return self.made_on.get(v, v.device or self.low.backend.device)
+        """The device whose stream wrote v."""
+        return self.made_on.get(v, self.placed(v.device))
 
     def enter(self, device) -> None:
         if device != self.current:
@@ -48,12 +53,12 @@ class StreamOrder:
     def start(self, args) -> None:
         """Arguments arrive as host arrays: copy each onto its device (on its stream)."""
         for v, name in args:
-            device = v.device or self.low.backend.device
+            device = self.placed(v.device)
             h2d = self.low.glob("H", self.low.backend_of(device).to_device)
             self.low.emit(f"{name} = {h2d}({name})")
 
     def before(self, eqn) -> None:
-        device = eqn.device or self.low.backend.device
+        device = self.placed(eqn.device)
         self.enter(device)
         if getattr(eqn.op, "orders_own_streams", False):
             return     # it queues each device's part on that device's stream, and waits itself
@@ -64,7 +69,7 @@ class StreamOrder:
         self.pending_join = sorted(writers - {device})
 
     def after(self, eqn) -> None:
-        device = eqn.device or self.low.backend.device
+        device = self.placed(eqn.device)
         own = getattr(eqn.op, "orders_own_streams", False)
         for v in eqn.outputs:
             self.made_on[v] = v.device if own and v.device else device
@@ -77,13 +82,13 @@ class StreamOrder:
 
     def before_write(self, state: Var, final) -> None:
         """A final value copied into a variable's storage: on the variable's stream."""
-        device = state.device or self.low.backend.device
+        device = self.placed(state.device)
         self.enter(device)
         if isinstance(final, Var):
             self.wait(device, self.device_of(final))
 
     def after_write(self, state: Var, final) -> None:
-        device = state.device or self.low.backend.device
+        device = self.placed(state.device)
         self.issued[device] = self.issued.get(device, 0) + 1
         if isinstance(final, Var) and self.device_of(final) != device:
             self.wait(self.device_of(final), device)   # its buffer is free once copied
