@@ -87,18 +87,18 @@ host_reduce_update_p = Op("host_reduce_update", collective=True, num_outputs=Non
 
 
 def _update_parts(params: dict):
-    """(multi-update op, per-tensor inputs without the gradient, shared inputs)."""
+    """(multi-update op, per-tensor inputs kept (all but the gradient), inputs per replica)."""
     from graphdist.ops.core import OPS
 
     multi = OPS[params["update"]].multi
-    return multi, multi.k - 1, multi.shared
+    kept = multi.k - 1
+    return multi, kept, params["n"] * kept + multi.shared
 
 
 def _replica_inputs(ins, params: dict):
     """Each replica's update inputs, with placeholders (None) where the gradients go."""
-    _, kept, shared = _update_parts(params)
+    _, kept, per = _update_parts(params)
     r, n = params["replicas"], params["n"]
-    per = n * kept + shared
     rest = ins[r:]
     out = []
     for k in range(r):
@@ -145,9 +145,8 @@ def _reduce_update_impl(xp, *ins, **params):
 
 def _reduce_update_inplace(params) -> dict:
     params = dict(params)
-    multi, kept, shared = _update_parts(params)
+    multi, kept, per = _update_parts(params)
     r, n = params["replicas"], params["n"]
-    per = n * kept + shared
     return {k * n * multi.outs + j * multi.outs + o: r + k * per + j * kept + o
             for k in range(r) for j in range(n) for o in range(multi.outs)}
 
