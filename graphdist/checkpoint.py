@@ -17,7 +17,6 @@ import zipfile
 
 import numpy as np
 
-from graphdist.distribute.values import VariableAggregation
 from graphdist.errors import CheckpointError, TraceError
 from graphdist.ops.core import current_tracer
 from graphdist.variables import Variable
@@ -71,18 +70,6 @@ def _walk(obj, path: str, seen: set, variables: dict, optimizers: dict) -> None:
 
 def _describe(shape, dtype) -> str:
     return f"shape {tuple(shape)} dtype {np.dtype(dtype).name}"
-
-
-def _components(var: Variable, value: np.ndarray, n: int) -> list:
-    """What each of the n components holds so that the variable reads `value`."""
-    if not (var.on_read and var.aggregation is VariableAggregation.SUM and n > 1):
-        return [value] * n
-    if value.dtype.kind == "f":
-        return [value / value.dtype.type(n)] * n
-    if value.dtype.kind not in "iu":               # bool: SUM is `or`
-        return [value] + [np.zeros_like(value)] * (n - 1)
-    share = value // n                             # component 0 keeps the remainder
-    return [value - share * (n - 1)] + [share] * (n - 1)
 
 
 class Checkpoint:
@@ -172,7 +159,7 @@ class Checkpoint:
                                       f"{_describe(var.shape, var.dtype)}) is absent from the "
                                       "file")
             check(key, var.shape, var.dtype, f"variable {var.name!r}")
-            plan.append((var, _components(var, arrays[key], len(var.values))))
+            plan.append((var, var.components_for(arrays[key])))
         for p, opt in optimizers.items():
             prefix = f"{p}/slots/"
             for key in arrays:

@@ -78,9 +78,24 @@ def _show(args) -> int:
 
 
 def _bench(args) -> int:
-    import runpy
+    """The benchmarks live in the checkout's bench/ (not installed): found from the current
+    directory, as `python -m bench` would."""
+    import os
 
-    return int(runpy.run_module("bench", run_name="__main__") or 0)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        runner = importlib.import_module("bench.__main__")
+    except ModuleNotFoundError:
+        print("graphdist bench: no bench/ package here; run it from the root of a graphdist "
+              "source checkout", file=sys.stderr)
+        return 2
+    unknown = [name for name in args.names if name not in runner.BENCHMARKS]
+    if unknown:
+        print(f"graphdist bench: unknown benchmark(s) {unknown}; choose from "
+              f"{runner.BENCHMARKS}", file=sys.stderr)
+        return 2
+    return int(runner.main(args.names) or 0)
 
 
 def main(argv=None) -> int:
@@ -102,7 +117,8 @@ def main(argv=None) -> int:
     show.add_argument("--html", default=None)
     show.add_argument("--dot", default=None)
     show.add_argument("--summary", action="store_true", help="also print graph.summary()")
-    sub.add_parser("bench", help="run the benchmarks in bench/ (from a source checkout)")
+    bench = sub.add_parser("bench", help="run the benchmarks in bench/ (from a source checkout)")
+    bench.add_argument("names", nargs="*", help="which ones (default: all)")
     args = parser.parse_args(argv)
     handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench}
     return handlers[args.command](args)

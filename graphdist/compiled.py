@@ -115,7 +115,7 @@ def _replica_count(tree_value) -> int | None:
 
 def _view(tree_value, r: int):
     """What replica r's code sees: each PerReplica becomes a LocalValue of its r-th value."""
-    from graphdist.distribute.strategy import LocalValue, map_structure
+    from graphdist.distribute.values import LocalValue, map_structure
 
     return map_structure(lambda v: LocalValue((v.values[r],)) if isinstance(v, PerReplica)
                          else v, tree_value)
@@ -259,7 +259,7 @@ class Function:
         return [i for i in indices if specs[i][0] == "array"]
 
     def _trace(self, view, leaves, specs):
-        from graphdist.distribute.strategy import LocalValue
+        from graphdist.distribute.values import LocalValue
 
         indices, paths, view_tree = flatten(view)
         tracer = Tracer()

@@ -20,7 +20,7 @@ def _flatten(x, path, leaves, paths, leaf_types=()):
         return None
     if isinstance(x, PerReplica):
         return (type(x), tuple(_flatten(v, f"{path}.values[{i}]", leaves, paths, leaf_types)
-                               for i, v in enumerate(x.values)))
+                               for i, v in enumerate(x.tree_children())))
     if isinstance(x, tuple) and hasattr(x, "_fields"):   # namedtuple
         return (type(x), tuple(_flatten(v, f"{path}.{f}", leaves, paths, leaf_types)
                                for f, v in zip(x._fields, x)))

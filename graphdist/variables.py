@@ -11,7 +11,8 @@ import itertools
 import numpy as np
 
 from graphdist.distribute import context, sync
-from graphdist.distribute.values import VariableAggregation, VariableSynchronization
+from graphdist.distribute.values import (PerReplica, VariableAggregation,
+                                         VariableSynchronization)
 from graphdist.errors import TraceError
 from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
 from graphdist.ops.core import Symbolic, current_tracer
@@ -75,6 +76,10 @@ class Variable(Operators, Symbolic):
         if self._sync is VariableSynchronization.NONE and len(self._devices) > 1:
             raise ValueError(f"Variable {name!r}: synchronization=NONE is not supported under "
                              f"{type(strategy).__name__}; use AUTO, ON_WRITE or ON_READ")
+        if (self._aggregation is VariableAggregation.MEAN and len(self._devices) > 1
+                and value.dtype.kind != "f"):
+            raise TypeError(f"Variable {name!r}: aggregation MEAN needs a float dtype, got "
+                            f"{value.dtype}; use SUM or ONLY_FIRST_REPLICA, or a float variable")
         if self._sync is VariableSynchronization.ON_READ:
             trainable = False
         self._uid = next(_ids)
@@ -142,6 +147,12 @@ class Variable(Operators, Symbolic):
         tracer = current_tracer()
         if tracer is not None:
             return sync.assign(tracer, self, value, "assign")
+        if isinstance(value, PerReplica):
+            raise TypeError(f"assign: variable '{self._name}' cannot take a PerReplica value in "
+                            "cross-replica context; reduce it first (strategy.reduce) or assign "
+                            "inside strategy.run")
+        if isinstance(value, (list, tuple)):    # Python data converts to the variable's dtype
+            value = np.asarray(value, dtype=self.dtype)
         new = np.asarray(value.eager_value() if isinstance(value, Variable) else host_value(value))
         if new.shape != self.shape:
             raise ValueError(f"assign: variable '{self._name}' has shape {self.shape}, "
@@ -150,7 +161,7 @@ class Variable(Operators, Symbolic):
                 value, (np.ndarray, np.generic))):
             raise TypeError(f"assign: variable '{self._name}' is {self.dtype}, the value is "
                             f"{new.dtype}; use gd.cast")
-        self.assign_components(self._split_for_components(new.astype(self.dtype)))
+        self.assign_components(self.components_for(new.astype(self.dtype)))
         return self
 
     # eagerly as in a trace: gd.add/subtract apply the dtype rules (no silent casts)
@@ -171,14 +182,11 @@ class Variable(Operators, Symbolic):
         tracer = current_tracer()
         return tracer.assign(self, value) if tracer is not None else self.assign(value)
 
-    def _split_for_components(self, new: np.ndarray) -> list:
-        # a cross-replica write of a SUM sync-on-read variable stores value/N per replica
+    def components_for(self, new: np.ndarray) -> list:
+        """What each component holds after a cross-replica write of `new`."""
         n = len(self._values)
         if self.on_read and self._aggregation is VariableAggregation.SUM and n > 1:
-            if new.dtype.kind != "f":
-                raise ValueError(f"assign: SUM sync-on-read variable '{self._name}' needs a "
-                                 "float dtype to divide across replicas")
-            new = new / new.dtype.type(n)
+            return sync.sum_shares(new, n)
         return [new] * n
 
     def assign_components(self, arrays) -> None:

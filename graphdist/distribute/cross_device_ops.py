@@ -239,9 +239,11 @@ def choose_cross_device_ops(devices) -> CrossDeviceOps:
     >>> choose_cross_device_ops(["cpu:0", "cpu:1"])
     HostAllReduce()
     """
-    devices = [str(dev) for dev in devices]
-    if all(dev.startswith("cpu:") for dev in devices):
+    from graphdist.distribute.devices import device_kind
+
+    kinds = {device_kind(dev) for dev in devices}
+    if kinds == {"cpu"}:
         return HostAllReduce()
-    if all(dev.startswith("gpu:") for dev in devices):
+    if kinds == {"gpu"}:
         return NcclAllReduce()
     return ReductionToOneDevice()

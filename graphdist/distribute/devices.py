@@ -32,12 +32,15 @@ def gpu_count() -> int:
 
 
 def devices(kind: str | None = None) -> list[str]:
-    """The devices graphdist can place work on: ["cpu:0"] plus one "gpu:i" per logical GPU.
+    """The devices graphdist can place work on: "cpu:0" (or cpu:0..n-1 after
+    set_logical_device_count("cpu", n); any cpu:N is valid anyway) and one "gpu:i" per
+    logical GPU.
 
     >>> gd.devices("cpu")
     ['cpu:0']
     """
-    found = ["cpu:0"] + [f"gpu:{i}" for i in range(gpu_count())]
+    cpus = config.logical_device_count("cpu") or 1
+    found = [f"cpu:{i}" for i in range(cpus)] + [f"gpu:{i}" for i in range(gpu_count())]
     if kind is None:
         return found
     if kind not in ("cpu", "gpu"):
@@ -45,10 +48,20 @@ def devices(kind: str | None = None) -> list[str]:
     return [d for d in found if d.startswith(kind)]
 
 
-def canonical(device) -> str:
-    """'CPU:0', '/device:cpu:0', 'cpu' -> 'cpu:0'; raises ValueError for unknown devices."""
+def _parts(device) -> tuple[str, str]:
     text = str(device).strip().lower().removeprefix("/device:").removeprefix("/")
     kind, _, index = text.partition(":")
+    return kind, index
+
+
+def device_kind(device) -> str:
+    """'CPU:0', '/device:gpu:1', 'cpu' -> 'cpu' or 'gpu' (whether or not it exists here)."""
+    return _parts(device)[0]
+
+
+def canonical(device) -> str:
+    """'CPU:0', '/device:cpu:0', 'cpu' -> 'cpu:0'; raises ValueError for unknown devices."""
+    kind, index = _parts(device)
     index = index or "0"
     if kind not in ("cpu", "gpu") or not index.isdigit():
         raise ValueError(f"unknown device {device!r}; devices here: {devices()} "

@@ -15,18 +15,9 @@ from graphdist.distribute import context
 from graphdist.distribute.devices import canonical, default_device, devices as all_devices
 from graphdist.distribute.input import distribute_batch
 from graphdist.runtime.backends import host_value
-from graphdist.distribute.values import PerReplica, ReduceOp, ValueContext, map_structure
+from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, ValueContext,
+                                         map_structure)
 from graphdist.ops.core import Symbolic, current_tracer
-
-
-class LocalValue(PerReplica):
-    """Inside a trace: a per-replica value, represented by this replica's tensor."""
-
-    __slots__ = ()
-
-    @property
-    def local(self):
-        return self.values[0]
 
 
 def _reduce_op(op) -> ReduceOp:
@@ -45,7 +36,9 @@ def _local(value, n: int = 1):
     def local(v):
         if not isinstance(v, PerReplica):
             return v
-        if isinstance(v, LocalValue) or n == 1 or len(v.values) == 1:
+        if isinstance(v, LocalValue):
+            return v.local
+        if n == 1 or len(v.values) == 1:
             return v.values[0]
         return _select_by_replica(v.values, n)
 
@@ -138,7 +131,7 @@ class Strategy:
     """The distribution API common to every strategy; one replica per device in `devices`."""
 
     def __init__(self, devices, cross_device_ops=None, bucket_bytes: int = 25 * 2**20):
-        devices = list(devices)
+        devices = [devices] if isinstance(devices, str) else list(devices)
         if not devices:
             raise ValueError(f"{type(self).__name__}: the device list is empty")
         self._devices = tuple(canonical(d) for d in devices)
@@ -150,8 +143,12 @@ class Strategy:
                              "cpu:N or all gpu:N devices")
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        from graphdist.distribute.cross_device_ops import choose_cross_device_ops
+        from graphdist.distribute.cross_device_ops import CrossDeviceOps, choose_cross_device_ops
 
+        if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
+            raise TypeError(f"{type(self).__name__}: cross_device_ops must be a "
+                            f"gd.CrossDeviceOps (e.g. gd.RingAllReduce()), got "
+                            f"{cross_device_ops!r}")
         self.cross_device_ops = cross_device_ops or choose_cross_device_ops(self._devices)
         self.bucket_bytes = int(bucket_bytes)
         self._run_functions: dict = {}
@@ -207,23 +204,42 @@ class Strategy:
             if self.num_replicas_in_sync > 1:
                 tracer.strategy = self
             return self._reduce_traced(op, value, axis)
-        parts = [np.asarray(v) for v in value.values] if isinstance(value, PerReplica) \
-            else [np.asarray(value)] * self.num_replicas_in_sync
+        parts = self._eager_parts("reduce", value)
+        if op is ReduceOp.MEAN and parts[0].dtype.kind != "f":
+            raise TypeError(f"reduce(MEAN): expected float values, got {parts[0].dtype}; use "
+                            "gd.cast first, or reduce with SUM")
         if axis is None:
+            if any(p.shape != parts[0].shape for p in parts):
+                raise ValueError("reduce(axis=None): the replicas' values have different shapes "
+                                 f"{[p.shape for p in parts]}; pass axis=0 to reduce along "
+                                 "the batch as well")
             total = np.sum(parts, axis=0, dtype=parts[0].dtype)
             return total / parts[0].dtype.type(len(parts)) if op is ReduceOp.MEAN else total
+        if not -parts[0].ndim <= axis < parts[0].ndim:
+            raise ValueError(f"reduce: axis {axis} is out of range for the replicas' values of "
+                             f"shape {parts[0].shape}")
         total = sum(np.sum(p, axis=axis, dtype=p.dtype) for p in parts)
         if op is ReduceOp.MEAN:
             total = total / parts[0].dtype.type(sum(p.shape[axis] for p in parts))
         return total
+
+    def _eager_parts(self, what: str, value) -> list:
+        """The replicas' components of `value` as numpy arrays (a plain value: n copies)."""
+        n = self.num_replicas_in_sync
+        if not isinstance(value, PerReplica):
+            return [np.asarray(host_value(value))] * n
+        if len(value.values) != n:
+            raise ValueError(f"{what}: a PerReplica of {len(value.values)} values, but the "
+                             f"strategy runs {n} replicas")
+        return [np.asarray(host_value(v)) for v in value.values]
 
     def _reduce_traced(self, op, value, axis):
         from graphdist.ops.array import cast, shape
         from graphdist.ops.collectives import all_reduce
         from graphdist.ops.math import divide, reduce_sum
 
-        local = value.values[0] if isinstance(value, PerReplica) else value
         n = self.num_replicas_in_sync
+        local = _local(value, n)
         if axis is None:
             if n == 1:
                 return local
@@ -239,15 +255,20 @@ class Strategy:
         return divide(total, count)
 
     def gather(self, value, axis=0):
-        """Concatenate the replicas' components along `axis` (outside traced code)."""
-        if current_tracer() is not None:
-            if self.num_replicas_in_sync == 1:
-                return value.values[0] if isinstance(value, PerReplica) else value
-            raise NotImplementedError("strategy.gather inside traced code is not supported "
-                                      "yet; return the PerReplica value and gather outside")
-        if not isinstance(value, PerReplica):
-            return np.concatenate([np.asarray(value)] * self.num_replicas_in_sync, axis=axis)
-        return np.concatenate([np.asarray(v) for v in value.values], axis=axis)
+        """Concatenate the replicas' components along `axis` (each leaf of a structure)."""
+        if isinstance(value, (list, tuple, dict)):
+            return map_structure(lambda v: self.gather(v, axis), value)
+        tracer = current_tracer()
+        if tracer is None:
+            return np.concatenate(self._eager_parts("gather", value), axis=axis)
+        n = self.num_replicas_in_sync
+        local = _local(value, n)
+        if n == 1:
+            return local
+        from graphdist.ops.array import concat
+
+        tracer.strategy = self
+        return concat(list(LocalValue((local,)).values), axis=axis)
 
     # ------------------------------------------------------------ input
     def experimental_distribute_dataset(self, iterable):

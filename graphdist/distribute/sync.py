@@ -4,7 +4,10 @@ here emits ordinary collectives into the SPMD graph; with one replica it emits n
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphdist.distribute.context import get_replica_context
+from graphdist.distribute.values import LocalValue, PerReplica
 from graphdist.distribute.values import VariableAggregation as Agg
 from graphdist.ops.collectives import all_reduce, broadcast
 from graphdist.ops.core import Symbolic
@@ -23,6 +26,25 @@ def _aggregate(value, aggregation, n: int):
     return broadcast(value, 0)
 
 
+def sum_shares(value: np.ndarray, n: int) -> list:
+    """What each of n components of a SUM sync-on-read variable holds so that it reads
+    `value`: value/n for floats (as TF does); an integer or bool value is held whole by the
+    first replica (value/n would be truncated), the others hold zero."""
+    if value.dtype.kind == "f":
+        return [value / value.dtype.type(n)] * n
+    return [value] + [np.zeros_like(value)] * (n - 1)
+
+
+def _sum_share(variable, value, n: int):
+    """sum_shares in traced (SPMD) code: this replica's share of `value`."""
+    if variable.dtype.kind == "f":
+        return value / float(n)
+    from graphdist.ops.collectives import replica_id
+    from graphdist.ops.math import equal, where
+
+    return where(equal(replica_id(), np.int32(0)), value, np.zeros((), variable.dtype))
+
+
 def read(tracer, variable):
     """The variable's value as this code sees it: a sync-on-read variable read in
     cross-replica context is the aggregate of the replicas' components."""
@@ -35,6 +57,16 @@ def read(tracer, variable):
 def assign(tracer, variable, value, mode: str):
     """assign / assign_add / assign_sub with the aggregation rules; returns the variable."""
     n = len(variable.devices)
+    if isinstance(value, PerReplica):
+        if not isinstance(value, LocalValue):
+            raise TypeError(f"assign: variable '{variable.name}' cannot take a PerReplica "
+                            "value in cross-replica context; reduce it first "
+                            "(strategy.reduce) or assign inside strategy.run")
+        if not in_replica_context(variable):
+            raise TypeError(f"assign: variable '{variable.name}' cannot take a per-replica "
+                            "value in cross-replica context; reduce it first "
+                            "(strategy.reduce) or pick one with .values[k]")
+        value = value.local
     if n > 1 and in_replica_context(variable) and not variable.on_read:
         agg = variable.aggregation
         if agg is Agg.NONE:
@@ -48,7 +80,7 @@ def assign(tracer, variable, value, mode: str):
         value = _aggregate(value, agg, n)
     elif n > 1 and variable.on_read and variable.aggregation is Agg.SUM \
             and not in_replica_context(variable):
-        value = value / float(n)          # the read gives the value back
+        value = _sum_share(variable, value, n)     # so that the read gives the value back
     if mode != "assign":
         local = tracer.read(variable)
         value = local + value if mode == "add" else local - value

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
+
 
 class ReduceOp(enum.Enum):
     SUM = "sum"
@@ -25,19 +27,66 @@ class VariableAggregation(enum.Enum):
     ONLY_FIRST_REPLICA = "only_first_replica"
 
 
+def _as_tensor_value(value):
+    """Python numbers become numpy scalars of the dtypes TF gives them (float32, int32, bool),
+    so that each replica is fed its own value instead of tracing replica 0's constant."""
+    if isinstance(value, np.generic):      # np.float64 is a float too: keep its dtype
+        return value
+    if isinstance(value, bool):
+        return np.bool_(value)
+    if isinstance(value, int):
+        return np.int32(value) if -2**31 <= value < 2**31 else np.int64(value)
+    if isinstance(value, float):
+        return np.float32(value)
+    return value
+
+
 class PerReplica:
     """One value per replica, in device order (`.values`)."""
 
     __slots__ = ("values",)
 
     def __init__(self, values):
-        self.values = tuple(values)
+        self.values = tuple(_as_tensor_value(v) for v in values)
 
     def __repr__(self) -> str:
         return f"PerReplica({', '.join(repr(v) for v in self.values)})"
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def tree_children(self) -> tuple:
+        """The components a pytree flattens (a LocalValue has one: its local tensor)."""
+        return self.values
+
+
+class LocalValue(PerReplica):
+    """Inside a trace: a per-replica value, represented by this replica's tensor (`local`).
+
+    Its `values` are what cross-replica code (merge_fn, the code around strategy.run) sees:
+    with n replicas, component k is replica k's value broadcast to every replica, an explicit
+    collective, so `v.values[0]` or `sum(v.values)` mean there what they mean in TF."""
+
+    __slots__ = ("local",)
+
+    def __init__(self, values):  # not super().__init__: it would set the `values` property
+        (self.local,) = values
+
+    def tree_children(self) -> tuple:
+        return (self.local,)
+
+    @property
+    def values(self) -> tuple:
+        from graphdist.ops.core import current_tracer
+
+        tracer = current_tracer()
+        strategy = getattr(tracer, "strategy", None)
+        n = strategy.num_replicas_in_sync if strategy is not None else 1
+        if n == 1:
+            return (self.local,)
+        from graphdist.ops.collectives import broadcast
+
+        return tuple(broadcast(self.local, k) for k in range(n))
 
 
 class Mirrored(PerReplica):

@@ -11,7 +11,8 @@ from graphdist.ops.core import Op
 def _same(op_name: str, state: ArrayType, value: ArrayType, var) -> ArrayType:
     if value != state:
         raise (TypeError if value.shape == state.shape else ValueError)(
-            f"{op_name}: variable '{var}' is {state}, the new value is {value}")
+            f"{op_name}: variable '{getattr(var, 'name', var)}' is {state}, the new value is "
+            f"{value}")
     return state
 
 
