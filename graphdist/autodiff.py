@@ -3,6 +3,8 @@ value_and_grad. The backward pass is traced as ordinary eqns into the same graph
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphdist.errors import TraceError
 from graphdist.ir import Var
 from graphdist.ops.array import ones_like
@@ -44,6 +46,7 @@ class GradientTape:
         self._tracer = None
         self._start = self._end = 0
         self._watched: set = set()
+        self._used = False
 
     def __enter__(self):
         self._tracer = current_tracer()
@@ -69,6 +72,10 @@ class GradientTape:
         tracer = self._tracer
         if tracer is None or current_tracer() is not tracer:
             raise TraceError("tape.gradient must be called inside the trace that recorded it")
+        if self._used and not self.persistent:
+            raise RuntimeError("tape.gradient was already called on this non-persistent "
+                               "GradientTape; use GradientTape(persistent=True) to call it again")
+        self._used = True
         end = len(tracer.eqns) if self._end is None else self._end
         eqns = tracer.eqns[self._start:end]
         targets = target if isinstance(target, (list, tuple)) else [target]
@@ -123,10 +130,18 @@ def value_and_grad(fn, argnums=0):
         return value, (grads[0] if isinstance(argnums, int) else tuple(grads))
 
     def wrapper(*args, **kwargs):
+        args = list(args)
         for i in nums:
             if i >= len(args):
                 raise ValueError(f"value_and_grad: argnums {argnums} but only {len(args)} "
                                  "positional arguments were given")
+            if type(args[i]) is float:      # a Python float is data here, not a static value
+                args[i] = np.float32(args[i])
+            dtype = np.dtype(type(args[i])) if type(args[i]) in (int, bool) else getattr(
+                args[i], "dtype", None)
+            if dtype is not None and np.dtype(dtype).kind != "f":
+                raise TypeError(f"value_and_grad: argument {i} is {dtype}; gradients are "
+                                "taken with respect to float arrays (cast it first)")
         if current_tracer() is not None:
             return traced(*args, **kwargs)
         if not compiled:

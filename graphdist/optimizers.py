@@ -45,7 +45,12 @@ class Optimizer:
 
     def apply_gradients(self, grads_and_vars):
         """Apply one update; returns the new iteration count. `None` gradients are skipped."""
+        grads_and_vars = list(grads_and_vars)
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        if grads_and_vars and not pairs:
+            raise ValueError(f"{self.name}.apply_gradients: no gradients provided for any "
+                             f"variable ({', '.join(repr(getattr(v, 'name', v)) for _, v in grads_and_vars)}): "
+                             "does the loss depend on them?")
         for g, v in pairs:
             if not isinstance(v, Variable):
                 raise TypeError(f"{self.name}.apply_gradients: expected gd.Variable, got "
@@ -53,7 +58,7 @@ class Optimizer:
             if tuple(np.shape(g)) != v.shape:    # np.shape: numbers and lists too
                 raise ValueError(f"{self.name}.apply_gradients: gradient {tuple(np.shape(g))} "
                                  f"does not match variable '{v.name}' {v.shape}")
-            if current_tracer() is not None and np.dtype(getattr(g, "dtype", v.dtype)) != v.dtype:
+            if np.dtype(getattr(g, "dtype", v.dtype)) != v.dtype:   # lists take v's dtype
                 raise TypeError(f"{self.name}.apply_gradients: gradient is {g.dtype}, variable "
                                 f"'{v.name}' is {v.dtype}; use gd.cast")
         if current_tracer() is None:

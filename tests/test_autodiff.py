@@ -62,7 +62,7 @@ def test_mlp_gradients_match_finite_differences():
 def test_watch_tensor_argument_and_single_source():
     @gd.function
     def f(x, y):
-        with gd.GradientTape() as tape:
+        with gd.GradientTape(persistent=True) as tape:
             tape.watch(x)
             z = gd.reduce_sum(gd.exp(x) * y)
         return tape.gradient(z, x), tape.gradient(z, [y])
@@ -72,6 +72,27 @@ def test_watch_tensor_argument_and_single_source():
     gx, gy = f(x, y)
     np.testing.assert_allclose(gx, np.exp(x) * y, rtol=1e-12)    # a single array, not a list
     assert gy == [None], "an unwatched argument gets None"
+
+
+def test_a_non_persistent_tape_gives_gradients_once():
+    @gd.function
+    def f(x):
+        with gd.GradientTape() as tape:
+            tape.watch(x)
+            z = gd.reduce_sum(x * x)
+        tape.gradient(z, x)
+        return tape.gradient(z, x)
+
+    with pytest.raises(RuntimeError, match="persistent=True"):
+        f(np.ones(2, np.float32))
+
+
+def test_value_and_grad_takes_python_floats_and_refuses_integers():
+    value, grad = gd.value_and_grad(lambda a: a * a)(3.0)
+    assert (value, grad) == (9.0, 6.0)                 # d(a^2)/da = 2a
+    for bad in (3, np.array([1, 2])):
+        with pytest.raises(TypeError, match="argument 0 is int"):
+            gd.value_and_grad(lambda a: gd.reduce_sum(a * a))(bad)
 
 
 def test_non_scalar_target_is_summed():

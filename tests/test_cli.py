@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 
 import numpy as np
@@ -82,3 +83,18 @@ def test_cli_demo_on_two_devices_checks_against_one(tmp_path, capsys):
     out = capsys.readouterr().out
     difference = float(out.split("max |parameter difference| vs one device: ")[1].split()[0])
     assert difference < 1e-4 and str(html) in out and html.exists()
+
+
+def test_cli_bench_finds_the_checkout_and_checks_names(tmp_path, monkeypatch, capsys):
+    import graphdist.cli as cli
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    assert main(["bench", "no_such_benchmark"]) == 2     # checked before anything runs
+    assert "no_such_benchmark" in capsys.readouterr().err
+
+    def no_bench(name):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(cli.importlib, "import_module", no_bench)
+    assert main(["bench", "overhead"]) == 2
+    assert "source checkout" in capsys.readouterr().err

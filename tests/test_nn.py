@@ -219,3 +219,22 @@ def test_compute_average_loss_default_counts_every_replica():
     assert isinstance(result, gd.PerReplica) and len(result.values) == 4
     for value in result.values:
         np.testing.assert_allclose(value, 6.0 / 12, rtol=1e-15)
+
+
+def test_compute_average_loss_on_an_empty_shard_is_zero():
+    # 3 rows on 4 replicas: the last shard is empty; TF's div_no_nan gives 0 there, and the
+    # replicas' sum is the full batch's sum over the inferred sizes (1 x 4 on each)
+    s = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+    with s.scope():
+        w = gd.Variable(np.ones(2, np.float32), name="w")
+
+    @gd.function
+    def step(batch):
+        per_replica = s.run(lambda x: gd.nn.compute_average_loss(gd.reduce_sum(x * w, axis=1)),
+                            args=(batch,))
+        return per_replica
+
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    losses = step(next(iter(s.experimental_distribute_dataset([x]))))
+    np.testing.assert_allclose([float(v) for v in losses.values],
+                               [x[0].sum() / 4, x[1].sum() / 4, x[2].sum() / 4, 0.0])

@@ -449,3 +449,16 @@ def test_gradient_aliasing_the_variable(cls, fused):
         else:
             p, m, v = adam_ref(p, p, m, v, t, 0.1, **_ref_kwargs(kw))
         _close(w.numpy(), p, f"w after step {t}")
+
+
+def test_eager_apply_gradients_checks_like_the_traced_path():
+    w = gd.Variable(np.ones(2, np.float32), name="w")
+    opt = gd.optimizers.SGD(0.1)
+    with pytest.raises(TypeError, match="float64.*'w'.*float32"):
+        opt.apply_gradients([(np.ones(2, np.float64), w)])
+    with pytest.raises(ValueError, match="no gradients provided.*'w'"):
+        opt.apply_gradients([(None, w)])
+    np.testing.assert_array_equal(w.numpy(), [1, 1])           # nothing changed
+    assert int(opt.iterations.numpy()) == 0
+    opt.apply_gradients([([1.0, 2.0], w)])                     # Python data: w's dtype
+    np.testing.assert_allclose(w.numpy(), [0.9, 0.8], rtol=1e-6)
