@@ -59,12 +59,25 @@ def _load(spec: str):
 def _show(args) -> int:
     """MODULE:FUNCTION names a traced gd.function, or a callable taking the device count
     and returning one (or a gd.Graph); shows its replicated graph when devices > 1."""
+    from graphdist.compiled import Function
+
     target = _load(args.target)
-    if not hasattr(target, "graph") and not hasattr(target, "eqns"):
-        target = target(args.devices)
+    if not isinstance(target, Function) and not hasattr(target, "eqns"):
+        target = target(args.devices)             # a builder taking the device count
     graph = target
-    if hasattr(target, "replicated_graph"):
-        graph = target.replicated_graph if args.devices > 1 else target.graph
+    if isinstance(target, Function):
+        if target.trace_count == 0:
+            print(f"graphdist show: {args.target} is a gd.function that has not been traced "
+                  "yet (nothing to show before its first call); name a function that builds "
+                  "and calls it instead, taking the device count", file=sys.stderr)
+            return 2
+        placed = target.replicated_graph
+        replicas = len({e.device for e in placed.eqns if e.device is not None}) or 1
+        if args.devices > 1 and replicas != args.devices:
+            print(f"graphdist show: {args.target} was traced for {replicas} device(s), not "
+                  f"{args.devices}", file=sys.stderr)
+            return 2
+        graph = placed if args.devices > 1 else target.graph
     print(graph)
     if args.summary:
         print("\n" + graph.summary())

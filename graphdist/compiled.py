@@ -14,7 +14,7 @@ from graphdist.distribute.values import PerReplica
 from graphdist.ops.core import Symbolic, current_tracer, is_python_scalar
 from graphdist.pytree import flatten, unflatten
 from graphdist.runtime.backends import is_device_array
-from graphdist.trace import Tensor, Tracer, tracing
+from graphdist.trace import Tensor, Tracer, tracing, user_frame_text
 
 
 def _leaf_spec(leaf, path):
@@ -268,7 +268,13 @@ class Function:
                                      self._path_name(p.replace(".values[0]", "")))
                       if specs[i][0] == "array" else leaves[i] for i, p in zip(indices, paths)]
             t_args, t_kwargs = unflatten(view_tree, traced)
-            out = self.fn(*t_args, **t_kwargs)
+            try:
+                out = self.fn(*t_args, **t_kwargs)
+            except (ValueError, TypeError) as e:    # raised before any eqn: add the line
+                where = "" if "while tracing" in str(e) else user_frame_text(e.__traceback__)
+                if not where:
+                    raise
+                raise type(e)(f"{e}\n  while tracing  {where}") from None
             out_leaves, _, out_tree = flatten(out, leaf_types=(LocalValue,))
             results, kinds = [], []
             for leaf in out_leaves:

@@ -22,10 +22,26 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _KERNELS_DIR = os.path.join(os.path.dirname(_PACKAGE_DIR), "kernels")
 
 
-def user_frame_text() -> str:
-    """'file.py:14  <source line>' of the innermost frame outside graphdist."""
+def _ours(filename: str) -> bool:
+    return filename.startswith((_PACKAGE_DIR, _KERNELS_DIR))
+
+
+def user_frame_text(tb=None) -> str:
+    """'file.py:14  <source line>' of the innermost frame outside graphdist: of the current
+    stack, or of traceback `tb` (where an exception was raised)."""
+    if tb is not None:
+        frames = []
+        while tb is not None:
+            if not _ours(tb.tb_frame.f_code.co_filename):
+                frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+            tb = tb.tb_next
+        if not frames:
+            return ""
+        filename, lineno = frames[-1]
+        return f"{os.path.basename(filename)}:{lineno}  " \
+               f"{linecache.getline(filename, lineno).strip()}"
     f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith((_PACKAGE_DIR, _KERNELS_DIR)):
+    while f is not None and _ours(f.f_code.co_filename):
         f = f.f_back
     if f is None:
         return ""

@@ -7,6 +7,7 @@ from pathlib import Path
 import sys
 
 import numpy as np
+import pytest
 
 from graphdist.cli import main
 from graphdist.examples import mlp_digits
@@ -98,3 +99,21 @@ def test_cli_bench_finds_the_checkout_and_checks_names(tmp_path, monkeypatch, ca
     monkeypatch.setattr(cli.importlib, "import_module", no_bench)
     assert main(["bench", "overhead"]) == 2
     assert "source checkout" in capsys.readouterr().err
+
+
+def test_cli_show_explains_what_it_cannot_show(tmp_path, monkeypatch, capsys):
+    (tmp_path / "showmod.py").write_text(
+        "import numpy as np, graphdist as gd\n"
+        "@gd.function\n"
+        "def untraced(x): return x * 2\n"
+        "@gd.function\n"
+        "def traced(x): return x * 2\n"
+        "traced(np.ones(3, np.float32))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["show", "showmod:untraced"]) == 2
+    assert "not been traced yet" in capsys.readouterr().err
+    assert main(["show", "showmod:traced", "--devices", "2"]) == 2
+    assert "traced for 1 device(s), not 2" in capsys.readouterr().err
+    assert main(["show", "showmod:traced"]) == 0
+    assert "mul x 2.0" in capsys.readouterr().out
+

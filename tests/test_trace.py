@@ -177,3 +177,12 @@ def test_numpy_arrays_and_variables_as_constants():
     w.assign(np.full(3, 5.0, np.float32))             # the program reads live storage
     np.testing.assert_array_equal(f(np.ones(3, np.float32)), 5 + c)
     assert f.trace_count == 1
+
+
+def test_trace_errors_raised_before_any_eqn_name_the_source_line():
+    @gd.function
+    def f(x):
+        return gd.squeeze(x, axis=0)
+
+    with pytest.raises(ValueError, match=r"squeeze.*\n  while tracing  test_trace.py:\d+"):
+        f(np.ones((2, 3), np.float32))
