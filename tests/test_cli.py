@@ -7,7 +7,6 @@ from pathlib import Path
 import sys
 
 import numpy as np
-import pytest
 
 from graphdist.cli import main
 from graphdist.examples import mlp_digits
