@@ -57,12 +57,8 @@ def read(tracer, variable):
 def assign(tracer, variable, value, mode: str):
     """assign / assign_add / assign_sub with the aggregation rules; returns the variable."""
     n = len(variable.devices)
-    if isinstance(value, PerReplica):
-        if not isinstance(value, LocalValue):
-            raise TypeError(f"assign: variable '{variable.name}' cannot take a PerReplica "
-                            "value in cross-replica context; reduce it first "
-                            "(strategy.reduce) or assign inside strategy.run")
-        if not in_replica_context(variable):
+    if isinstance(value, PerReplica):     # only a replica may assign its own component
+        if not (isinstance(value, LocalValue) and in_replica_context(variable)):
             raise TypeError(f"assign: variable '{variable.name}' cannot take a per-replica "
                             "value in cross-replica context; reduce it first "
                             "(strategy.reduce) or pick one with .values[k]")
