@@ -48,9 +48,9 @@ class Optimizer:
         grads_and_vars = list(grads_and_vars)
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if grads_and_vars and not pairs:
+            names = ", ".join(repr(getattr(v, "name", v)) for _, v in grads_and_vars)
             raise ValueError(f"{self.name}.apply_gradients: no gradients provided for any "
-                             f"variable ({', '.join(repr(getattr(v, 'name', v)) for _, v in grads_and_vars)}): "
-                             "does the loss depend on them?")
+                             f"variable ({names}): does the loss depend on them?")
         for g, v in pairs:
             if not isinstance(v, Variable):
                 raise TypeError(f"{self.name}.apply_gradients: expected gd.Variable, got "

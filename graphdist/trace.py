@@ -30,24 +30,20 @@ def user_frame_text(tb=None) -> str:
     """'file.py:14  <source line>' of the innermost frame outside graphdist: of the current
     stack, or of traceback `tb` (where an exception was raised)."""
     if tb is not None:
-        frames = []
+        where = None
         while tb is not None:
             if not _ours(tb.tb_frame.f_code.co_filename):
-                frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+                where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
             tb = tb.tb_next
-        if not frames:
-            return ""
-        filename, lineno = frames[-1]
-        return f"{os.path.basename(filename)}:{lineno}  " \
-               f"{linecache.getline(filename, lineno).strip()}"
-    f = sys._getframe(1)
-    while f is not None and _ours(f.f_code.co_filename):
-        f = f.f_back
-    if f is None:
+    else:
+        f = sys._getframe(1)
+        while f is not None and _ours(f.f_code.co_filename):
+            f = f.f_back
+        where = (f.f_code.co_filename, f.f_lineno) if f is not None else None
+    if where is None:
         return ""
-    filename, lineno = f.f_code.co_filename, f.f_lineno
-    line = linecache.getline(filename, lineno).strip()
-    return f"{os.path.basename(filename)}:{lineno}  {line}"
+    filename, lineno = where
+    return f"{os.path.basename(filename)}:{lineno}  {linecache.getline(filename, lineno).strip()}"
 
 
 class Tensor(Operators, Symbolic):

@@ -148,9 +148,7 @@ class Variable(Operators, Symbolic):
         if tracer is not None:
             return sync.assign(tracer, self, value, "assign")
         if isinstance(value, PerReplica):
-            raise TypeError(f"assign: variable '{self._name}' cannot take a PerReplica value in "
-                            "cross-replica context; reduce it first (strategy.reduce) or assign "
-                            "inside strategy.run")
+            sync.refuse_per_replica(self)
         if isinstance(value, (list, tuple)):    # Python data converts to the variable's dtype
             value = np.asarray(value, dtype=self.dtype)
         new = np.asarray(value.eager_value() if isinstance(value, Variable) else host_value(value))

@@ -45,6 +45,13 @@ def _sum_share(variable, value, n: int):
     return where(equal(replica_id(), np.int32(0)), value, np.zeros((), variable.dtype))
 
 
+def refuse_per_replica(variable):
+    """A cross-replica write takes one value for every replica, not a PerReplica."""
+    raise TypeError(f"assign: variable '{variable.name}' cannot take a PerReplica value in "
+                    "cross-replica context; reduce it first (strategy.reduce) or pick one "
+                    "component with .values[k]")
+
+
 def read(tracer, variable):
     """The variable's value as this code sees it: a sync-on-read variable read in
     cross-replica context is the aggregate of the replicas' components."""
@@ -59,9 +66,7 @@ def assign(tracer, variable, value, mode: str):
     n = len(variable.devices)
     if isinstance(value, PerReplica):     # only a replica may assign its own component
         if not (isinstance(value, LocalValue) and in_replica_context(variable)):
-            raise TypeError(f"assign: variable '{variable.name}' cannot take a per-replica "
-                            "value in cross-replica context; reduce it first "
-                            "(strategy.reduce) or pick one with .values[k]")
+            refuse_per_replica(variable)
         value = value.local
     if n > 1 and in_replica_context(variable) and not variable.on_read:
         agg = variable.aggregation

@@ -353,7 +353,8 @@ def __getattr__(name):
 class _Nccl(types.ModuleType):
     NCCL_SUM = 0
     NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_INT32, NCCL_INT64 = range(5)
-    _DTYPES: typing.ClassVar = {0: np.float16, 1: np.float32, 2: np.float64, 3: np.int32, 4: np.int64}
+    _DTYPES: typing.ClassVar = {0: np.float16, 1: np.float32, 2: np.float64, 3: np.int32,
+                                4: np.int64}
 
     available = True
 
