@@ -248,10 +248,14 @@ class Function:
             graphs.append(by_shapes[shapes])
         shared = [k for k, kind in enumerate(r for r in out_kinds if r[0] != "static")
                   if kind[0] == "mirrored"]
+        feeds = [self._feed(v, specs) for v in views]
+        same_array = [i for i, leaf in enumerate(feeds[0]) if all(f[i] == leaf for f in feeds)]
         return Compiled(graph, out_tree, out_kinds,
-                        compile_replicated(graphs, strategy, shared_results=shared),
-                        [self._feed(v, specs) for v in views],
-                        lambda profile: compile_replicated(graphs, strategy, profile, shared))
+                        compile_replicated(graphs, strategy, shared_results=shared,
+                                           shared_args=same_array),
+                        feeds,
+                        lambda profile: compile_replicated(graphs, strategy, profile, shared,
+                                                           same_array))
 
     @staticmethod
     def _feed(view, specs) -> list:

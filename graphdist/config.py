@@ -51,14 +51,20 @@ def logical_device_count(kind: str) -> int | None:
     return _state["logical_devices"].get(kind)
 
 
+DEVICE_CONCURRENCY = ("auto", "merged", "sequential", "threads")
+
+
 def set_device_concurrency(mode: str) -> None:
-    """How a replicated step over CPU devices runs them: "threads" (one worker thread per
-    device, events between them), "sequential" (one program, device after device, in the
-    calling thread) or "auto" (sequential). Steps on GPUs always run from one thread, each
-    device on its own stream. Applies to steps compiled afterwards."""
-    if mode not in ("auto", "threads", "sequential"):
-        raise ValueError(f"set_device_concurrency: mode must be 'auto', 'threads' or "
-                         f"'sequential', got {mode!r}")
+    """How a replicated step over CPU devices runs them: "merged" (one program over all
+    replicas at once, values stacked on a replica axis: one big GEMM instead of one per
+    device, one optimizer update for all; falls back to "sequential" where a step cannot
+    merge), "sequential" (per-device copies in one program, device after device, in the
+    calling thread), "threads" (per-device copies, one worker thread per device, events
+    between them) or "auto" (merged). Steps on GPUs always run per device from one thread,
+    each device on its own stream. Applies to steps compiled afterwards."""
+    if mode not in DEVICE_CONCURRENCY:
+        raise ValueError(f"set_device_concurrency: mode must be one of {DEVICE_CONCURRENCY}, "
+                         f"got {mode!r}")
     _state["device_concurrency"] = mode
 
 

@@ -62,7 +62,7 @@ class Variable(Operators, Symbolic):
     """
 
     __slots__ = ("_values", "_name", "_trainable", "_sync", "_aggregation", "_devices",
-                 "_uid", "_strategy", "__weakref__")
+                 "_uid", "_strategy", "_lagging", "__weakref__")
 
     def __init__(self, initial_value, name=None, trainable=True, dtype=None,
                  synchronization=VariableSynchronization.AUTO,
@@ -86,6 +86,9 @@ class Variable(Operators, Symbolic):
         self._name = name or f"Variable_{self._uid}"
         self._trainable = bool(trainable)
         self._values = [backend_for(d).from_host(value) for d in self._devices]
+        # a merged step (passes/merge.py) updates only component 0 of a mirrored variable;
+        # the others are brought up to date when read: catch_up()
+        self._lagging = False
 
     # ------------------------------------------------------------ properties
     name = property(lambda self: self._name)
@@ -101,9 +104,20 @@ class Variable(Operators, Symbolic):
     def values(self) -> tuple:
         """The per-device component arrays (live storage, in device order): numpy arrays on
         cpu:N, CuPy arrays on gpu:N."""
+        if self._lagging:
+            self.catch_up()
         return tuple(self._values)
 
+    def catch_up(self) -> None:
+        """Copy component 0 into the others after merged steps wrote only it (mirrored
+        components are equal whenever anyone looks)."""
+        self._lagging = False
+        for device, dst in zip(self._devices[1:], self._values[1:]):
+            backend_for(device).copy_in(dst, self._values[0])
+
     def _host(self, k: int) -> np.ndarray:
+        if k and self._lagging:
+            self.catch_up()
         return backend_for(self._devices[k]).to_host(self._values[k])
 
     @property
@@ -189,6 +203,7 @@ class Variable(Operators, Symbolic):
 
     def assign_components(self, arrays) -> None:
         """Overwrite every component at once (all checks happen before any write)."""
+        self._lagging = False
         for device, dst, src in zip(self._devices, self._values, arrays):
             backend_for(device).copy_in(dst, src)
 

@@ -32,6 +32,8 @@ def resolve_shape(op_name: str, ty: ArrayType, shape) -> tuple[int, ...]:
 reshape_p.def_shape(lambda x, *, shape: ArrayType(resolve_shape("reshape", x, shape), x.dtype))
 reshape_p.def_impl(lambda xp, x, *, shape: xp.reshape(x, shape))
 reshape_p.def_vjp(lambda ct, x, *, shape: (reshape(ct, x.ty.shape),))
+reshape_p.def_batch(lambda bx, x, *, shape: bx.add(
+    reshape_p, x, shape=(bx.n,) + resolve_shape("reshape", bx.logical(x), shape)))
 
 transpose_p = Op("transpose", view=True)
 
@@ -53,6 +55,8 @@ def _transpose_shape(x, *, perm):
 transpose_p.def_impl(lambda xp, x, *, perm: xp.transpose(x, perm))
 transpose_p.def_vjp(lambda ct, x, *, perm: (
     transpose(ct, tuple(int(i) for i in np.argsort(_perm(x.ty, perm)))),))
+transpose_p.def_batch(lambda bx, x, *, perm: bx.add(
+    transpose_p, x, perm=(0,) + tuple(p + 1 for p in _perm(bx.logical(x), perm))))
 
 broadcast_p = Op("broadcast_to", view=True)
 
@@ -68,6 +72,8 @@ def _broadcast_shape(x, *, shape):
 
 
 broadcast_p.def_impl(lambda xp, x, *, shape: xp.broadcast_to(x, shape))
+broadcast_p.def_batch(lambda bx, x, *, shape: bx.add(
+    broadcast_p, bx.with_rank(x, len(shape)), shape=(bx.n,) + tuple(shape)))
 
 
 @broadcast_p.def_vjp
@@ -80,6 +86,7 @@ def _broadcast_vjp(ct, x, *, shape):
 stop_gradient_p = Op("stop_gradient", view=True, differentiable=False)
 stop_gradient_p.def_shape(lambda x: x)
 stop_gradient_p.def_impl(lambda xp, x: x)
+stop_gradient_p.def_batch(lambda bx, x: bx.add(stop_gradient_p, x))
 
 # ---------------------------------------------------------------- concat / split
 
@@ -104,6 +111,9 @@ def _concat_shape(*xs, axis):
 
 concat_p.def_impl(lambda xp, *xs, axis: xp.concatenate(xs, axis=axis))
 concat_p.def_out(lambda xp, out, *xs, axis: xp.concatenate(xs, axis=axis, out=out))
+concat_p.def_batch(lambda bx, *xs, axis: bx.add(
+    concat_p, *(bx.stacked(x) for x in xs),
+    axis=normalize_axis("concat", axis, bx.logical(xs[0]).ndim)[0] + 1))
 
 
 @concat_p.def_vjp
@@ -125,6 +135,8 @@ def _split_shape(x, *, sizes, axis):
 
 split_p.def_impl(lambda xp, x, *, sizes, axis: tuple(
     xp.split(x, np.cumsum(sizes)[:-1].tolist(), axis=axis)))
+split_p.def_batch(lambda bx, x, *, sizes, axis: bx.add(
+    split_p, x, sizes=sizes, axis=normalize_axis("split", axis, bx.logical(x).ndim)[0] + 1))
 
 
 @split_p.def_vjp
@@ -153,6 +165,8 @@ shape_p = Op("shape", differentiable=False)
 shape_p.def_shape(lambda x: ArrayType((x.ndim,), np.dtype("int32")))
 shape_p.def_impl(lambda xp, x: xp.asarray(x.shape, dtype=np.int32))
 shape_p.def_cost(lambda ins, outs: (0, outs[0].nbytes))
+shape_p.def_batch(lambda bx, x: bx.add(    # every replica's shape: a shared constant
+    constant_p, batched=False, value=Const(np.asarray(bx.logical(x).shape, np.int32))))
 
 one_hot_p = Op("one_hot", differentiable=False)
 
@@ -166,6 +180,8 @@ def _one_hot_shape(indices, *, depth, dtype):
 
 one_hot_p.def_impl(lambda xp, i, *, depth, dtype: (
     i[..., None] == xp.arange(depth, dtype=i.dtype)).astype(dtype))
+one_hot_p.def_batch(lambda bx, i, *, depth, dtype: bx.add(one_hot_p, i, depth=depth,
+                                                          dtype=dtype))
 
 # ---------------------------------------------------------------- indexing
 
@@ -200,6 +216,9 @@ getitem_p = Op("getitem", view=True)
 getitem_p.def_shape(lambda x, *, index: ArrayType(_index_shape(x, index), x.dtype))
 getitem_p.def_impl(lambda xp, x, *, index: x[_index_value(index)])
 getitem_p.def_vjp(lambda ct, x, *, index: (bind(scatter_p, ct, index=index, shape=x.ty.shape),))
+# the replica axis leads: index every replica alike behind a `:`
+getitem_p.def_batch(lambda bx, x, *, index: bx.add(
+    getitem_p, x, index=(("slice", None, None, None),) + index))
 
 scatter_p = Op("index_scatter")  # zeros of `shape` with ct written at `index`: getitem's vjp
 scatter_p.def_shape(lambda ct, *, index, shape: ArrayType(tuple(shape), ct.dtype))
@@ -213,6 +232,8 @@ def _scatter_impl(xp, ct, *, index, shape):
 
 
 scatter_p.def_vjp(lambda ct, g, *, index, shape: (getitem(ct, index),))
+scatter_p.def_batch(lambda bx, ct, *, index, shape: bx.add(
+    scatter_p, ct, index=(("slice", None, None, None),) + index, shape=(bx.n,) + tuple(shape)))
 
 # ---------------------------------------------------------------- constants
 

@@ -47,6 +47,9 @@ class Op:
         self.out_may_alias = ufunc is not None
         self.vjp = None
         self.cost_rule = None
+        # batch_rule(bx, *ins, **params): the op on all replicas at once, stacked on a
+        # leading axis (passes/merge.py); elementwise ops need none
+        self.batch_rule = None
         self.kernels: dict[str, str] = {}
         OPS[name] = self
 
@@ -85,6 +88,10 @@ class Op:
 
     def def_cost(self, fn):
         self.cost_rule = fn
+        return fn
+
+    def def_batch(self, fn):
+        self.batch_rule = fn
         return fn
 
     def def_kernel(self, backend: str, path: str) -> None:

@@ -223,6 +223,9 @@ def _reduce(name: str, fn: str, floats_only=False) -> Op:
     op.def_out(lambda xp, out, x, *, axis, keepdims: getattr(xp, fn)(
         x, axis=axis, keepdims=keepdims, out=out))
     op.def_cost(lambda ins, outs, **_: (ins[0].size, ins[0].nbytes + outs[0].nbytes))
+    op.def_batch(lambda bx, x, *, axis, keepdims: bx.add(
+        op, x, axis=tuple(a + 1 for a in normalize_axis(name, axis, bx.logical(x).ndim)),
+        keepdims=keepdims))
     return op
 
 
@@ -289,6 +292,21 @@ def _matmul_shape(a, b):
 matmul_p.def_impl(lambda xp, a, b: xp.matmul(a, b))
 matmul_p.def_cost(lambda ins, outs, **_: (2 * outs[0].size * ins[0].shape[-1],
                                      sum(t.nbytes for t in (*ins, *outs))))
+
+
+@matmul_p.def_batch
+def _matmul_batch(bx, a, b):
+    from graphdist.ops.array import reshape_p
+
+    la, lb = bx.logical(a), bx.logical(b)
+    if bx.batched(a) and not bx.batched(b) and lb.ndim == 2:
+        # x @ w for every replica's x: one GEMM over all their rows
+        rows = bx.add1(reshape_p, a, shape=(-1, la.shape[-1]), batched=False)
+        out = bx.add1(matmul_p, rows, b)
+        return bx.add(reshape_p, out, shape=(bx.n,) + la.shape[:-1] + (lb.shape[-1],),
+                      batched=True)
+    rank = max(la.ndim, lb.ndim)
+    return bx.add(matmul_p, *(bx.with_rank(v, rank) if bx.batched(v) else v for v in (a, b)))
 
 
 @matmul_p.def_vjp

@@ -137,6 +137,7 @@ class MultiDeviceExecutable:
         self.pool = ThreadPoolExecutor(max_workers=max(1, self.replicas - 1),
                                        thread_name_prefix="graphdist-device")
         self.threads = threads.share(self.replicas)
+        self.mirrored = _mirrored(placed.variables)
 
     def _program(self, d: int, device: str, crossing: dict, producer: dict):
         g = self.graph
@@ -180,6 +181,7 @@ class MultiDeviceExecutable:
 
     def __call__(self, arrays):
         """arrays: the argument arrays of every replica, replica after replica."""
+        catch_up(self.mirrored)
         for ch in self.channels:
             ch.reset()
         threads.set_blas_threads(self.threads)
@@ -208,6 +210,57 @@ class MultiDeviceExecutable:
             ch.abort()
 
 
+def _mirrored(variables) -> list:
+    """The distinct multi-component mirrored variables among `variables`."""
+    seen = {}
+    for v in variables:
+        if len(v.devices) > 1 and not v.on_read:
+            seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
+def catch_up(variables) -> None:
+    """Before a per-device program reads components 1..N-1: bring up to date the ones a
+    merged step left behind."""
+    for v in variables:
+        if v._lagging:
+            v.catch_up()
+
+
+class MergedExecutable:
+    """Runs a merged graph (passes/merge.py): every replica at once, as one program over
+    stacked values, in the calling thread with all cores for BLAS. It takes and returns
+    what the replicated executables do; of each mirrored variable it updates component 0
+    and marks the others lagging (Variable.catch_up)."""
+
+    def __init__(self, merged: Graph, profile: bool = False, shared_results=()):
+        self.graph = merged
+        self.devices = merged.devices
+        self.replicas = len(self.devices)
+        states = merged.inputs[merged.num_args:]
+        storage = {s: var.values[0] for s, var in zip(states, merged.variables)}
+        program = lower(schedule(merged), backend_for(self.devices[0]), storage,
+                        events=[] if profile else None)
+        self.program = program
+        self.programs = [program]
+        self.source = program.source
+        finals = merged.outputs[merged.num_results:]
+        self.written = _mirrored(v for v, s, f in zip(merged.variables, states, finals)
+                                 if f is not s)
+        batched, shared = merged.meta["batched_results"], set(shared_results)
+        self.layout = [[(k, batched[k]) for k in range(len(batched)) if d == 0 or k not in shared]
+                       for d in range(self.replicas)]
+
+    def __call__(self, arrays):
+        threads.set_blas_threads(None)
+        threads.set_numba_threads(threads.cores())
+        for v in self.written:
+            v._lagging = True
+        flat = self.program(*arrays)
+        return [[flat[k][d] if batched else flat[k] for k, batched in per]
+                for d, per in enumerate(self.layout)]
+
+
 class SequentialExecutable:
     """Runs a replicated graph over logical CPU devices as ONE generated program, device
     segments in the replication order, in the calling thread. On a host with few cores
@@ -234,8 +287,10 @@ class SequentialExecutable:
         self.program = _guarded(program, self.devices)
         self.programs = [program]
         self.source = program.source
+        self.mirrored = _mirrored(placed.variables)
 
     def __call__(self, arrays):
+        catch_up(self.mirrored)
         threads.set_blas_threads(None)
         threads.set_numba_threads(threads.cores())
         flat = self.program(*arrays)
@@ -269,20 +324,40 @@ def compile_graph(g: Graph, profile: bool = False):
 
 
 def compile_replicated(graphs: list[Graph], strategy, profile: bool = False,
-                       shared_results=()):
-    """Replicate one logical graph per replica over the strategy's devices and compile."""
+                       shared_results=(), shared_args=()):
+    """Replicate one logical graph per replica over the strategy's devices and compile:
+    merged into one program where it can be (see _merged), else per-device copies.
+    `shared_args`: indices of arguments every replica gets the same array for."""
     from graphdist.passes.replicate import replicate
 
     for v in graphs[0].variables:
         if tuple(v.devices) != tuple(strategy.devices):
             raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
                              f"on {list(strategy.devices)}; create it under strategy.scope()")
+    merged = _merged(graphs, strategy.devices, shared_args)
+    if merged is not None:
+        return MergedExecutable(merged, profile, shared_results)
     placed = replicate(graphs, strategy.devices, strategy.cross_device_ops)
     if _sequential(strategy.devices):
         if config.fused_kernels() and not _on_gpu(strategy.devices):
             placed = fuse_reduce_update(placed)
         return SequentialExecutable(placed, profile, shared_results)
     return MultiDeviceExecutable(placed, profile, shared_results)
+
+
+def _merged(graphs: list[Graph], devices, shared_args) -> Graph | None:
+    """The merged graph, when the mode allows it, the devices are logical CPU devices (one
+    host's memory) and every replica runs the same graph (even shards)."""
+    from graphdist.passes.merge import CannotMerge, merge_replicas
+
+    if (config.device_concurrency() not in ("auto", "merged") or _on_gpu(devices)
+            or any(g is not graphs[0] for g in graphs)):
+        return None
+    try:
+        return merge_replicas(graphs[0], devices, shared_args)
+    except CannotMerge as e:
+        config.logger.info("running %d replicas as per-device copies: %s", len(devices), e)
+        return None
 
 
 def _sequential(devices) -> bool:

@@ -1,0 +1,251 @@
+"""merge_replicas: logical CPU devices share one host, so their N replicas of a logical graph
+can run as ONE program over values stacked on a new leading replica axis.
+
+Per-device copies cost a 2-core host twice: N GEMMs of b rows run slower than one of N*b
+rows, and every replica applies the same optimizer update to its own copy of each mirrored
+variable. Merged, each logical value is either *batched* (shape (N, *per-replica shape):
+the replicas' values differ) or *shared* (one value all replicas agree on: mirrored
+variables, constants, and whatever is computed from those alone):
+
+- an op whose inputs are all shared runs once (the optimizer update, once for all replicas);
+- an op with a batched input runs through its batching rule (`Op.batch_rule`, next to the
+  op's other rules; elementwise ops share the one here); an op without a rule runs once
+  per replica on slices and the results are stacked;
+- a collective becomes a reduction over the replica axis. A sum over replicas looks
+  through the ops that made its input (flatten, bucket concat, a weight gradient's
+  transpose(x) @ dy, a bias gradient's row sum), so a weight gradient all-reduced across
+  replicas is ONE GEMM over all N*b rows instead of N GEMMs and N-1 adds.
+
+The result keeps the replicated graph's calling convention (every replica's arguments in,
+each replica's results out) and updates component 0 of each mirrored variable; the other
+components catch up when something reads them (`Variable.values`). A graph that cannot
+merge (uneven shards, sync-on-read variables, a per-replica value assigned to a mirrored
+variable) raises CannotMerge and runs replicated instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from graphdist.ir import ArrayType, Graph, Lit, Var
+from graphdist.ops import OPS
+from graphdist.ops.array import Const
+from graphdist.passes.builder import Builder
+from graphdist.passes.cse import eliminate_common_subexpressions
+from graphdist.passes.dce import eliminate_dead_code
+
+FULL_SLICE = ("slice", None, None, None)   # getitem's parameter form of `:`
+
+
+class CannotMerge(Exception):
+    """This graph must run as per-device copies (the message says why)."""
+
+
+class Batcher:
+    """Emits eqns on the merged device and remembers which values are batched: the helper
+    every batching rule gets as `bx`."""
+
+    def __init__(self, n: int, device: str):
+        self.n = n
+        self.device = device
+        self.builder = Builder()
+        self.batched_vars: set = set()
+
+    def batched(self, v) -> bool:
+        return isinstance(v, Var) and v in self.batched_vars
+
+    def logical(self, v) -> ArrayType:
+        """The per-replica type of a merged value."""
+        return ArrayType(v.ty.shape[1:], v.ty.dtype) if self.batched(v) else v.ty
+
+    def add(self, op, *ins, batched: bool | None = None, hint: str | None = None,
+            **params) -> tuple:
+        """Append `op[params] ins`; its outputs are batched when an input is (or as told)."""
+        outs = self.builder.add(op, ins, self.device, hint, **params)
+        if batched if batched is not None else any(self.batched(v) for v in ins):
+            self.batched_vars.update(outs)
+        return outs
+
+    def add1(self, op, *ins, **kw) -> Var:
+        (out,) = self.add(op, *ins, **kw)
+        return out
+
+    def with_rank(self, v, rank: int):
+        """A batched value seen as per-replica rank `rank`: 1s go after the replica axis, so
+        numpy broadcasting lines the replica axes up."""
+        shape = self.logical(v).shape
+        if len(shape) >= rank:
+            return v
+        return self.add1(OPS["reshape"], v, shape=(self.n,) + (1,) * (rank - len(shape)) + shape)
+
+    def stacked(self, v):
+        """A shared value as a batched one (every replica's copy: a broadcast view)."""
+        if self.batched(v):
+            return v
+        return self.add1(OPS["broadcast_to"], v, shape=(self.n,) + v.ty.shape, batched=True)
+
+    def stack(self, parts: list, hint: str | None = None) -> Var:
+        """One value per replica -> one batched value."""
+        rows = [self.add1(OPS["reshape"], p, shape=(1,) + p.ty.shape, batched=False)
+                for p in parts]
+        return self.add1(OPS["concat"], *rows, axis=0, batched=True, hint=hint)
+
+    def replica(self, v, k: int):
+        """Replica k's part of a batched value (a view)."""
+        return self.add1(OPS["getitem"], v, index=(k,), batched=False)
+
+    def per_replica(self, op, ins, params) -> tuple:
+        """The rule of last resort: run the op once per replica on slices, then stack."""
+        runs = [self.add(op, *(self.replica(v, k) if self.batched(v) else v for v in ins),
+                         batched=False, **params) for k in range(self.n)]
+        return tuple(self.stack([run[j] for run in runs]) for j in range(len(runs[0])))
+
+
+def elementwise(bx: Batcher, op, ins, params) -> tuple:
+    rank = max(bx.logical(v).ndim for v in ins)
+    return bx.add(op, *(bx.with_rank(v, rank) if bx.batched(v) else v for v in ins), **params)
+
+
+def merge_replicas(g: Graph, devices: tuple, shared_args=frozenset()) -> Graph:
+    """The logical graph `g` run by len(devices) replicas as one program on devices[0].
+
+    `shared_args`: indices of arguments every replica gets the same array for (plain
+    arrays passed to strategy.run): used once instead of stacked.
+    """
+    return _Merge(g, tuple(devices), frozenset(shared_args)).graph()
+
+
+class _Merge:
+    def __init__(self, g: Graph, devices: tuple, shared_args: frozenset):
+        for var in g.variables:
+            if var.on_read:
+                raise CannotMerge(f"sync-on-read variable '{var.name}' keeps one value per "
+                                  "replica")
+        self.g = g
+        self.devices = devices
+        self.n = len(devices)
+        self.bx = Batcher(self.n, devices[0])
+        self.producer = {v: e for e in g.eqns for v in e.outputs}
+        self.env: dict = {}
+        self.shared_args = shared_args
+
+    def graph(self) -> Graph:
+        g, bx, n = self.g, self.bx, self.n
+        args = [[Var(v.ty, v.hint, d) for v in g.inputs[: g.num_args]] for d in self.devices]
+        for i, v in enumerate(g.inputs[: g.num_args]):
+            self.env[v] = (args[0][i] if i in self.shared_args else
+                           bx.stack([args[d][i] for d in range(n)], hint=v.hint))
+        states = [Var(v.ty, v.hint, self.devices[0]) for v in g.inputs[g.num_args:]]
+        self.env.update(zip(g.inputs[g.num_args:], states))
+        for eqn in g.eqns:
+            start = len(bx.builder.eqns)
+            outs = self.merge_eqn(eqn, [self.env.get(v, v) if isinstance(v, Var) else v
+                                        for v in eqn.inputs])
+            self.env.update(zip(eqn.outputs, outs))
+            eqns = bx.builder.eqns
+            eqns[start:] = [replace(e, scope=eqn.scope, source=eqn.source)
+                            for e in eqns[start:]]
+        results = [self.env.get(v, v) if isinstance(v, Var) else v
+                   for v in g.outputs[: g.num_results]]
+        finals = [self.env[v] if isinstance(v, Var) else v for v in g.outputs[g.num_results:]]
+        for var, final in zip(g.variables, finals):
+            if bx.batched(final):
+                raise CannotMerge(f"mirrored variable '{var.name}' would take per-replica "
+                                  "values")
+        merged = Graph(inputs=tuple(v for per in args for v in per) + tuple(states),
+                       eqns=tuple(bx.builder.eqns), outputs=tuple(results) + tuple(finals),
+                       variables=g.variables, devices=self.devices,
+                       meta={"replicas": n, "merged": True,
+                             "batched_results": tuple(bx.batched(v) for v in results),
+                             "args_per_replica": g.num_args,
+                             "results_per_replica": g.num_results})
+        return eliminate_dead_code(eliminate_common_subexpressions(eliminate_dead_code(merged)))
+
+    def merge_eqn(self, eqn, ins) -> tuple:
+        bx, op, params = self.bx, eqn.op, dict(eqn.params)
+        if op.collective:
+            return (self.collective(eqn, ins[0]),)
+        if op == "replica_id":
+            return bx.add(OPS["constant"], batched=True,
+                          value=Const(np.arange(self.n, dtype=np.int32)))
+        if not any(bx.batched(v) for v in ins):
+            return bx.add(op, *ins, batched=False, **params)
+        if op.stateful:
+            raise CannotMerge(f"{op} of a per-replica value")
+        if op.elementwise:
+            return elementwise(bx, op, ins, params)
+        if op.batch_rule is not None:
+            out = op.batch_rule(bx, *ins, **params)
+            return out if isinstance(out, tuple) else (out,)
+        return bx.per_replica(op, ins, params)
+
+    # ------------------------------------------------------------ collectives
+    def collective(self, eqn, x):
+        bx, params = self.bx, dict(eqn.params)
+        if eqn.op == "broadcast":
+            return bx.replica(x, params["source"]) if bx.batched(x) else x
+        if eqn.op != "all_reduce":
+            raise CannotMerge(f"no merged form of collective '{eqn.op}'")
+        if x.ty.dtype == np.dtype(bool):
+            raise CannotMerge("all_reduce of a bool value")
+        if params["op"] == "mean" and not bx.batched(x):
+            return x
+        total = self.replica_sum(eqn.inputs[0])
+        if params["op"] == "mean":
+            total = bx.add1(OPS["div"], total, _lit(self.n, total.ty.dtype))
+        return total
+
+    def replica_sum(self, v):
+        """Sum over replicas of logical value v, looking through the linear ops that made
+        it so the sum lands where it is cheapest (see the module docstring)."""
+        bx = self.bx
+        if not isinstance(v, Var):
+            return bx.add1(OPS["mul"], v, _lit(self.n, v.ty.dtype))
+        merged = self.env[v]
+        if not bx.batched(merged):
+            return bx.add1(OPS["mul"], merged, _lit(self.n, merged.ty.dtype))
+        made = self.producer.get(v)
+        if made is not None and made.op == "concat":
+            parts = [self.replica_sum(x) for x in made.inputs]
+            return bx.add1(OPS["concat"], *parts, **dict(made.params))
+        if made is not None and made.op == "reshape":
+            return bx.add1(OPS["reshape"], self.replica_sum(made.inputs[0]), shape=v.ty.shape)
+        if made is not None and made.op == "reduce_sum" and not dict(made.params)["keepdims"]:
+            from graphdist.ops.core import normalize_axis
+
+            x = self.env[made.inputs[0]]
+            if bx.batched(x):
+                axes = normalize_axis("reduce_sum", dict(made.params)["axis"],
+                                      made.inputs[0].ty.ndim)
+                return bx.add1(OPS["reduce_sum"], x, axis=(0,) + tuple(a + 1 for a in axes),
+                               keepdims=False, batched=False)
+        if made is not None and made.op == "matmul":
+            gemm = self.contracted_gemm(made)
+            if gemm is not None:
+                return gemm
+        return bx.add1(OPS["reduce_sum"], merged, axis=(0,), keepdims=False, batched=False)
+
+    def contracted_gemm(self, made):
+        """sum_k transpose(x_k) @ y_k over replicas k, for per-replica matrices x_k (b, i)
+        and y_k (b, j), is transpose(X) @ Y over the stacked (N*b)-row X and Y: one GEMM."""
+        bx = self.bx
+        a, b = made.inputs
+        t = self.producer.get(a)
+        if (t is None or t.op != "transpose" or dict(t.params)["perm"] not in ((1, 0), None)
+                or not isinstance(b, Var) or a.ty.ndim != 2 or b.ty.ndim != 2):
+            return None
+        x, y = self.env[t.inputs[0]], self.env[b]
+        if not (bx.batched(x) and bx.batched(y)):
+            return None
+        rows = self.n * t.inputs[0].ty.shape[0]
+        xs = bx.add1(OPS["reshape"], x, shape=(rows, t.inputs[0].ty.shape[1]), batched=False)
+        ys = bx.add1(OPS["reshape"], y, shape=(rows, b.ty.shape[1]), batched=False)
+        xt = bx.add1(OPS["transpose"], xs, perm=(1, 0))
+        return bx.add1(OPS["matmul"], xt, ys)
+
+
+def _lit(value, dtype) -> Lit:
+    dtype = np.dtype(dtype)
+    return Lit(dtype.type(value), ArrayType((), dtype))
