@@ -72,7 +72,7 @@ def _show(args) -> int:
                   "and calls it instead, taking the device count", file=sys.stderr)
             return 2
         placed = target.replicated_graph
-        replicas = len({e.device for e in placed.eqns if e.device is not None}) or 1
+        replicas = len(placed.devices) or 1
         if args.devices > 1 and replicas != args.devices:
             print(f"graphdist show: {args.target} was traced for {replicas} device(s), not "
                   f"{args.devices}", file=sys.stderr)

@@ -60,7 +60,8 @@ def set_device_concurrency(mode: str) -> None:
     device, one optimizer update for all; falls back to "sequential" where a step cannot
     merge), "sequential" (per-device copies in one program, device after device, in the
     calling thread), "threads" (per-device copies, one worker thread per device, events
-    between them) or "auto" (merged). Steps on GPUs always run per device from one thread,
+    between them) or "auto" ("merged" when the strategy chose its own cross-device ops,
+else "sequential"). Steps on GPUs always run per device from one thread,
     each device on its own stream. Applies to steps compiled afterwards."""
     if mode not in DEVICE_CONCURRENCY:
         raise ValueError(f"set_device_concurrency: mode must be one of {DEVICE_CONCURRENCY}, "

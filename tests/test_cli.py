@@ -67,7 +67,7 @@ def test_python_dash_m_graphdist():
     assert done.returncode == 0 and "cpu:0" in done.stdout
 
 
-def test_cli_show_prints_and_exports(tmp_path, capsys):
+def test_cli_show_prints_and_exports(tmp_path, capsys, per_device):
     html, dot = tmp_path / "step.html", tmp_path / "step.dot"
     assert main(["show", "graphdist.examples.mlp_digits:traced_step", "--devices", "2",
                  "--html", str(html), "--dot", str(dot), "--summary"]) == 0

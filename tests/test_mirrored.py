@@ -151,8 +151,15 @@ def test_one_device_matches_numpy_reference_float64(kind):
     np.testing.assert_allclose(losses, want_losses, rtol=1e-10)
 
 
+@pytest.fixture(params=["merged", "sequential"])
+def mode(request):
+    gd.config.set_device_concurrency(request.param)
+    yield request.param
+    gd.config.set_device_concurrency("auto")
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-def test_four_replicas_match_one_device_float32(kind):
+def test_four_replicas_match_one_device_float32(kind, mode):
     batches = _batches()
     one, one_losses, _ = _train(gd.OneDeviceStrategy("cpu:0"), kind, batches)
     four, four_losses, step = _train(gd.MirroredStrategy(DEVICES), kind, batches)
@@ -163,11 +170,16 @@ def test_four_replicas_match_one_device_float32(kind):
     want, _ = _np_train(_init(), batches, kind)   # and both are the right training
     for a, w in zip(four, want):
         np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-5)
-    # the step really ran on four devices, with the shards' shapes
+    # the step really ran over four devices, with the shards' shapes: merged, as one
+    # program over the four shards stacked; else one copy per device
     rg = step.replicated_graph
     assert set(rg.devices) == set(DEVICES)
-    assert {e.device for e in rg.eqns} == set(DEVICES)
     assert all(v.shape == (8, 16) for v in rg.inputs[: rg.num_args] if v.ty.shape[-1:] == (16,))
+    if mode == "merged":
+        assert rg.meta["merged"] and {e.device for e in rg.eqns} == {DEVICES[0]}
+        assert any(v.ty.shape == (4, 8, 16) for e in rg.eqns for v in e.outputs)
+    else:
+        assert {e.device for e in rg.eqns} == set(DEVICES)
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])

@@ -17,6 +17,9 @@ from graphdist.ir import Lit, Var
 from graphdist.ir.check import check
 from graphdist.passes.replicate import replicate
 
+# the replication pass itself: steps run as per-device copies, never merged
+pytestmark = pytest.mark.usefixtures("per_device")
+
 DEVICES = ("cpu:0", "cpu:1", "cpu:2", "cpu:3")
 LOGICAL_COLLECTIVES = {"all_reduce", "broadcast"}
 

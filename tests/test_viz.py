@@ -13,6 +13,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
+import graphdist as gd
 from graphdist.ir import ArrayType, Eqn, Graph, Var
 from graphdist.ops.core import OPS
 from graphdist.viz.html import render
@@ -59,9 +60,14 @@ def chain(layers: int, devices=()) -> Graph:
 
 @pytest.fixture(scope="module")
 def step():
+    """The example's step as per-device copies (the views' lanes and collectives)."""
     from graphdist.examples import mlp_digits
 
-    return mlp_digits.train(devices=4, steps=1)["train_step"]
+    gd.config.set_device_concurrency("sequential")
+    try:
+        return mlp_digits.train(devices=4, steps=1)["train_step"]
+    finally:
+        gd.config.set_device_concurrency("auto")
 
 
 def graphs(step):

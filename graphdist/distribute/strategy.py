@@ -150,6 +150,9 @@ class Strategy:
                             f"gd.CrossDeviceOps (e.g. gd.RingAllReduce()), got "
                             f"{cross_device_ops!r}")
         self.cross_device_ops = cross_device_ops or choose_cross_device_ops(self._devices)
+        # explicit cross-device ops are honoured as written; left to us, a step over
+        # logical CPU devices may merge its replicas instead (passes/merge.py)
+        self.cross_device_ops_chosen = cross_device_ops is None
         self.bucket_bytes = int(bucket_bytes)
         self._run_functions: dict = {}
         self.default_replica_context = ReplicaContext(self, 0)

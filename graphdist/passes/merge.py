@@ -19,8 +19,9 @@ variables, constants, and whatever is computed from those alone):
 The result keeps the replicated graph's calling convention (every replica's arguments in,
 each replica's results out) and updates component 0 of each mirrored variable; the other
 components catch up when something reads them (`Variable.values`). A graph that cannot
-merge (uneven shards, sync-on-read variables, a per-replica value assigned to a mirrored
-variable) raises CannotMerge and runs replicated instead.
+merge (uneven shards, a per-replica value assigned to a mirrored variable) raises
+CannotMerge and runs replicated instead. Sync-on-read variables enter once per replica
+(their components differ) and are stacked.
 """
 
 from __future__ import annotations
@@ -119,10 +120,6 @@ def merge_replicas(g: Graph, devices: tuple, shared_args=frozenset()) -> Graph:
 
 class _Merge:
     def __init__(self, g: Graph, devices: tuple, shared_args: frozenset):
-        for var in g.variables:
-            if var.on_read:
-                raise CannotMerge(f"sync-on-read variable '{var.name}' keeps one value per "
-                                  "replica")
         self.g = g
         self.devices = devices
         self.n = len(devices)
@@ -132,13 +129,23 @@ class _Merge:
         self.shared_args = shared_args
 
     def graph(self) -> Graph:
-        g, bx, n = self.g, self.bx, self.n
-        args = [[Var(v.ty, v.hint, d) for v in g.inputs[: g.num_args]] for d in self.devices]
+        g, bx, n, here = self.g, self.bx, self.n, self.devices[0]
+        # every replica's arguments: one host's memory, so they are all read where they lie
+        args = [[Var(v.ty, v.hint, here) for v in g.inputs[: g.num_args]] for _ in range(n)]
         for i, v in enumerate(g.inputs[: g.num_args]):
             self.env[v] = (args[0][i] if i in self.shared_args else
                            bx.stack([args[d][i] for d in range(n)], hint=v.hint))
-        states = [Var(v.ty, v.hint, self.devices[0]) for v in g.inputs[g.num_args:]]
-        self.env.update(zip(g.inputs[g.num_args:], states))
+        # a mirrored variable enters once (component 0); a sync-on-read one once per
+        # replica (component k), stacked
+        states, variables, components = [], [], []
+        for var, logical in zip(g.variables, g.inputs[g.num_args:]):
+            ks = range(n) if var.on_read else (0,)
+            mine = [Var(logical.ty, logical.hint, here) for _ in ks]
+            states += mine
+            variables += [var] * len(mine)
+            components += list(ks)
+            self.env[logical] = mine[0] if not var.on_read else bx.stack(
+                [bx.add1(OPS["read_var"], s, var=var, batched=False) for s in mine])
         for eqn in g.eqns:
             start = len(bx.builder.eqns)
             outs = self.merge_eqn(eqn, [self.env.get(v, v) if isinstance(v, Var) else v
@@ -149,15 +156,21 @@ class _Merge:
                             for e in eqns[start:]]
         results = [self.env.get(v, v) if isinstance(v, Var) else v
                    for v in g.outputs[: g.num_results]]
-        finals = [self.env[v] if isinstance(v, Var) else v for v in g.outputs[g.num_results:]]
-        for var, final in zip(g.variables, finals):
-            if bx.batched(final):
+        finals = []
+        for var, logical in zip(g.variables, g.outputs[g.num_results:]):
+            final = self.env[logical] if isinstance(logical, Var) else logical
+            if var.on_read:
+                finals += [bx.replica(final, k) if bx.batched(final) else final
+                           for k in range(n)]
+            elif bx.batched(final):
                 raise CannotMerge(f"mirrored variable '{var.name}' would take per-replica "
                                   "values")
+            else:
+                finals.append(final)
         merged = Graph(inputs=tuple(v for per in args for v in per) + tuple(states),
                        eqns=tuple(bx.builder.eqns), outputs=tuple(results) + tuple(finals),
-                       variables=g.variables, devices=self.devices,
-                       meta={"replicas": n, "merged": True,
+                       variables=tuple(variables), devices=self.devices,
+                       meta={"replicas": n, "merged": True, "components": tuple(components),
                              "batched_results": tuple(bx.batched(v) for v in results),
                              "args_per_replica": g.num_args,
                              "results_per_replica": g.num_results})
@@ -172,6 +185,13 @@ class _Merge:
                           value=Const(np.arange(self.n, dtype=np.int32)))
         if not any(bx.batched(v) for v in ins):
             return bx.add(op, *ins, batched=False, **params)
+        if op == "read_var":        # a sync-on-read variable: its stacked components
+            return (ins[0],)
+        if op == "assign_var":
+            if not dict(eqn.params)["var"].on_read:
+                raise CannotMerge(f"mirrored variable '{dict(eqn.params)['var'].name}' "
+                                  "would take per-replica values")
+            return (bx.stacked(ins[1]),)
         if op.stateful:
             raise CannotMerge(f"{op} of a per-replica value")
         if op.elementwise:

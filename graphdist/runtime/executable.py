@@ -231,14 +231,22 @@ class MergedExecutable:
     """Runs a merged graph (passes/merge.py): every replica at once, as one program over
     stacked values, in the calling thread with all cores for BLAS. It takes and returns
     what the replicated executables do; of each mirrored variable it updates component 0
-    and marks the others lagging (Variable.catch_up)."""
+    and marks the others lagging (Variable.catch_up).
 
-    def __init__(self, merged: Graph, profile: bool = False, shared_results=()):
+    When a step fails, the per-device executable (`per_device()`, built then) runs it
+    again: a stacked op cannot say which replica's data failed, the per-device program's
+    error names the device and the node. Variables are untouched by the failed attempt."""
+
+    def __init__(self, merged: Graph, profile: bool = False, shared_results=(),
+                 per_device=None):
         self.graph = merged
+        self.per_device = per_device
+        self.diagnosis = None
         self.devices = merged.devices
         self.replicas = len(self.devices)
         states = merged.inputs[merged.num_args:]
-        storage = {s: var.values[0] for s, var in zip(states, merged.variables)}
+        storage = {s: var.values[k] for s, var, k in
+                   zip(states, merged.variables, merged.meta["components"])}
         program = lower(schedule(merged), backend_for(self.devices[0]), storage,
                         events=[] if profile else None)
         self.program = program
@@ -256,9 +264,23 @@ class MergedExecutable:
         threads.set_numba_threads(threads.cores())
         for v in self.written:
             v._lagging = True
-        flat = self.program(*arrays)
+        try:
+            flat = self.program(*arrays)
+        except Exception:
+            if self.per_device is None:
+                raise
+            return self.run_per_device(arrays)
         return [[flat[k][d] if batched else flat[k] for k, batched in per]
                 for d, per in enumerate(self.layout)]
+
+
+    def run_per_device(self, arrays):
+        if self.diagnosis is None:
+            self.diagnosis = self.per_device()
+        results = self.diagnosis(arrays)    # raises the failing replica's own error
+        config.logger.warning("a merged step failed where its per-device form ran; the "
+                              "per-device results were used")
+        return results
 
 
 class SequentialExecutable:
@@ -328,15 +350,20 @@ def compile_replicated(graphs: list[Graph], strategy, profile: bool = False,
     """Replicate one logical graph per replica over the strategy's devices and compile:
     merged into one program where it can be (see _merged), else per-device copies.
     `shared_args`: indices of arguments every replica gets the same array for."""
-    from graphdist.passes.replicate import replicate
-
     for v in graphs[0].variables:
         if tuple(v.devices) != tuple(strategy.devices):
             raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
                              f"on {list(strategy.devices)}; create it under strategy.scope()")
-    merged = _merged(graphs, strategy.devices, shared_args)
+    merged = _merged(graphs, strategy, shared_args)
     if merged is not None:
-        return MergedExecutable(merged, profile, shared_results)
+        return MergedExecutable(merged, profile, shared_results, lambda: _per_device(
+            graphs, strategy, profile, shared_results))
+    return _per_device(graphs, strategy, profile, shared_results)
+
+
+def _per_device(graphs: list[Graph], strategy, profile: bool, shared_results):
+    from graphdist.passes.replicate import replicate
+
     placed = replicate(graphs, strategy.devices, strategy.cross_device_ops)
     if _sequential(strategy.devices):
         if config.fused_kernels() and not _on_gpu(strategy.devices):
@@ -345,13 +372,15 @@ def compile_replicated(graphs: list[Graph], strategy, profile: bool = False,
     return MultiDeviceExecutable(placed, profile, shared_results)
 
 
-def _merged(graphs: list[Graph], devices, shared_args) -> Graph | None:
-    """The merged graph, when the mode allows it, the devices are logical CPU devices (one
-    host's memory) and every replica runs the same graph (even shards)."""
+def _merged(graphs: list[Graph], strategy, shared_args) -> Graph | None:
+    """The merged graph, where the mode allows it ("merged"; "auto" when the user left the
+    cross-device ops to us), the devices are logical CPU devices (one host's memory) and
+    every replica runs the same graph (even shards)."""
     from graphdist.passes.merge import CannotMerge, merge_replicas
 
-    if (config.device_concurrency() not in ("auto", "merged") or _on_gpu(devices)
-            or any(g is not graphs[0] for g in graphs)):
+    mode, devices = config.device_concurrency(), strategy.devices
+    if (not (mode == "merged" or (mode == "auto" and strategy.cross_device_ops_chosen))
+            or _on_gpu(devices) or any(g is not graphs[0] for g in graphs)):
         return None
     try:
         return merge_replicas(graphs[0], devices, shared_args)
@@ -364,4 +393,4 @@ def _sequential(devices) -> bool:
     """GPU devices always run from one host thread: their launches are asynchronous and
     each device's stream runs on its own, so the GPUs overlap without host threads."""
     mode = config.device_concurrency()
-    return _on_gpu(devices) or mode in ("auto", "sequential")
+    return _on_gpu(devices) or mode != "threads"
