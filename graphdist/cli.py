@@ -111,6 +111,10 @@ def _bench(args) -> int:
     return int(runner.main(args.names) or 0)
 
 
+PER_DEVICE_HELP = ("run logical CPU devices as per-device copies with their collectives "
+                   "(default: replicas merged into one program, what runs fastest)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="graphdist", description="compiled graph capture "
                                      "for synchronous data-parallel training")
@@ -123,6 +127,7 @@ def main(argv=None) -> int:
     demo.add_argument("--steps", type=int, default=300)
     demo.add_argument("--html", default="graphdist_demo.html",
                       help="where to write the replicated graph as HTML ('' to skip)")
+    demo.add_argument("--per-device", action="store_true", help=PER_DEVICE_HELP)
     sub.add_parser("devices", help="list the devices graphdist can use")
     show = sub.add_parser("show", help="print (and export) the graph of MODULE:FUNCTION")
     show.add_argument("target")
@@ -130,11 +135,20 @@ def main(argv=None) -> int:
     show.add_argument("--html", default=None)
     show.add_argument("--dot", default=None)
     show.add_argument("--summary", action="store_true", help="also print graph.summary()")
+    show.add_argument("--per-device", action="store_true", help=PER_DEVICE_HELP)
     bench = sub.add_parser("bench", help="run the benchmarks in bench/ (from a source checkout)")
     bench.add_argument("names", nargs="*", help="which ones (default: all)")
     args = parser.parse_args(argv)
     handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench}
-    return handlers[args.command](args)
+    if not getattr(args, "per_device", False):
+        return handlers[args.command](args)
+    from graphdist import config
+
+    config.set_device_concurrency("sequential")
+    try:
+        return handlers[args.command](args)
+    finally:
+        config.set_device_concurrency("auto")
 
 
 if __name__ == "__main__":

@@ -67,10 +67,12 @@ def test_python_dash_m_graphdist():
     assert done.returncode == 0 and "cpu:0" in done.stdout
 
 
-def test_cli_show_prints_and_exports(tmp_path, capsys, per_device):
+def test_cli_show_prints_and_exports(tmp_path, capsys):
     html, dot = tmp_path / "step.html", tmp_path / "step.dot"
+    assert main(["show", "graphdist.examples.mlp_digits:traced_step", "--devices", "2"]) == 0
+    assert "# 2 replicas merged on cpu:0" in capsys.readouterr().out     # what runs
     assert main(["show", "graphdist.examples.mlp_digits:traced_step", "--devices", "2",
-                 "--html", str(html), "--dot", str(dot), "--summary"]) == 0
+                 "--html", str(html), "--dot", str(dot), "--summary", "--per-device"]) == 0
     out = capsys.readouterr().out
     assert "on cpu:0,cpu:1" in out and "# replica cpu:1" in out and "peak live bytes" in out
     assert html.stat().st_size > 1000 and "cpu:1" in html.read_text()

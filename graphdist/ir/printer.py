@@ -157,7 +157,8 @@ def graph_text(g: Graph, max_eqns: int | None = 400, fold: bool = True) -> str:
                 body.append(f"  # replica {device}: same {len(run)} eqns as {g.devices[0]}, "
                             f"@0 -> @{k}")
                 continue
-            body.append(f"  # replica {device}")
+            body.append(f"  # {n} replicas merged on {device}" if g.meta.get("merged")
+                        else f"  # replica {device}")
             scope = ""
             for e, t in zip(run, texts):
                 if e.scope != scope:
