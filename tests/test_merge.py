@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from graphdist.ops.core import Op, bind
+from graphdist.ops.core import OPS, Op, bind
 
 DEVICES = [f"cpu:{i}" for i in range(4)]
 
@@ -25,13 +25,17 @@ def _shards(x, n=4):
     return gd.PerReplica(tuple(np.array_split(x, n)))
 
 
-# an op without a batching rule: the merge runs it once per replica on slices
-_no_rule = Op("test_merge_cumulative")
-_no_rule.def_shape(lambda x: x)
-_no_rule.def_impl(lambda xp, x: xp.cumsum(x, axis=-1).astype(x.dtype))
+@pytest.fixture
+def no_rule():
+    """An op without a batching rule: the merge runs it once per replica on slices."""
+    op = Op("test_merge_cumulative")
+    op.def_shape(lambda x: x)
+    op.def_impl(lambda xp, x: xp.cumsum(x, axis=-1).astype(x.dtype))
+    yield op
+    del OPS[op.name]
 
 
-def body(x, w, rid):
+def body(x, w, rid, no_rule):
     """Touches every batching rule, on a (rows, 3) shard x and a shared (3, 3) w."""
     h = gd.matmul(x, w) + gd.cast(rid, "float32")                   # batched @ shared
     t = gd.matmul(w, gd.transpose(h))                                # shared @ batched
@@ -45,16 +49,12 @@ def body(x, w, rid):
     picked = gd.where(gd.greater(hot, 0.5), e, gd.zeros_like(e))
     wide = gd.broadcast_to(gd.reshape(gd.reduce_mean(picked, axis=1), (-1, 1, 1)),
                            (h.shape[0], 2, 3))
-    cum = bind(_no_rule, parts[1])
+    cum = bind(no_rule, parts[1])
     return (gd.reduce_sum(t, axis=None), g, both, wide, cum,
             gd.stop_gradient(gd.sqrt(gd.square(e) + 1.0)))
 
 
-def _reference(x_shards, w):
-    return [body(xs, w, np.int32(k)) for k, xs in enumerate(x_shards)]
-
-
-def test_every_batching_rule_matches_the_replica_function_run_eagerly(merged):
+def test_every_batching_rule_matches_the_replica_function_run_eagerly(merged, no_rule):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((12, 3)).astype(np.float32)
     w = rng.standard_normal((3, 3)).astype(np.float32)
@@ -62,8 +62,9 @@ def test_every_batching_rule_matches_the_replica_function_run_eagerly(merged):
 
     @gd.function
     def step(xs, w):
-        ctx = lambda x, w: body(x, w, gd.get_replica_context().replica_id_in_sync_group)  # noqa
-        return strategy.run(ctx, args=(xs, w))
+        def replica_fn(x, w):
+            return body(x, w, gd.get_replica_context().replica_id_in_sync_group, no_rule)
+        return strategy.run(replica_fn, args=(xs, w))
 
     got = step(_shards(x), w)
     placed = step.replicated_graph
@@ -71,7 +72,7 @@ def test_every_batching_rule_matches_the_replica_function_run_eagerly(merged):
     assert step._latest().executable.diagnosis is None, "the merged program itself ran"
     # the shared argument w enters once; x's four shards are stacked
     assert sum(v.hint == "w" for v in placed.inputs[:placed.num_args]) == 4
-    want = _reference(np.array_split(x, 4), w)
+    want = [body(xs, w, np.int32(k), no_rule) for k, xs in enumerate(np.array_split(x, 4))]
     for k in range(4):
         for out, ref in zip(got, want[k]):
             np.testing.assert_allclose(out.values[k], ref, rtol=1e-5, atol=1e-6)
