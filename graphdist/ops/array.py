@@ -186,6 +186,9 @@ one_hot_p.def_batch(lambda bx, i, *, depth, dtype: bx.add(one_hot_p, i, depth=de
 # ---------------------------------------------------------------- indexing
 
 
+FULL_SLICE = ("slice", None, None, None)   # `:` in the hashable index form below
+
+
 def _index_param(index) -> tuple:
     """Hashable form of a basic numpy index (ints, slices, None, Ellipsis)."""
     items = index if isinstance(index, tuple) else (index,)
@@ -218,7 +221,7 @@ getitem_p.def_impl(lambda xp, x, *, index: x[_index_value(index)])
 getitem_p.def_vjp(lambda ct, x, *, index: (bind(scatter_p, ct, index=index, shape=x.ty.shape),))
 # the replica axis leads: index every replica alike behind a `:`
 getitem_p.def_batch(lambda bx, x, *, index: bx.add(
-    getitem_p, x, index=(("slice", None, None, None),) + index))
+    getitem_p, x, index=(FULL_SLICE,) + index))
 
 scatter_p = Op("index_scatter")  # zeros of `shape` with ct written at `index`: getitem's vjp
 scatter_p.def_shape(lambda ct, *, index, shape: ArrayType(tuple(shape), ct.dtype))
@@ -233,7 +236,7 @@ def _scatter_impl(xp, ct, *, index, shape):
 
 scatter_p.def_vjp(lambda ct, g, *, index, shape: (getitem(ct, index),))
 scatter_p.def_batch(lambda bx, ct, *, index, shape: bx.add(
-    scatter_p, ct, index=(("slice", None, None, None),) + index, shape=(bx.n,) + tuple(shape)))
+    scatter_p, ct, index=(FULL_SLICE,) + index, shape=(bx.n,) + tuple(shape)))
 
 # ---------------------------------------------------------------- constants
 

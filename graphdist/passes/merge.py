@@ -33,11 +33,11 @@ import numpy as np
 from graphdist.ir import ArrayType, Graph, Lit, Var
 from graphdist.ops import OPS
 from graphdist.ops.array import Const
+from graphdist.ops.core import normalize_axis
 from graphdist.passes.builder import Builder
 from graphdist.passes.cse import eliminate_common_subexpressions
 from graphdist.passes.dce import eliminate_dead_code
 
-FULL_SLICE = ("slice", None, None, None)   # getitem's parameter form of `:`
 
 
 class CannotMerge(Exception):
@@ -65,7 +65,9 @@ class Batcher:
             **params) -> tuple:
         """Append `op[params] ins`; its outputs are batched when an input is (or as told)."""
         outs = self.builder.add(op, ins, self.device, hint, **params)
-        if batched if batched is not None else any(self.batched(v) for v in ins):
+        if batched is None:
+            batched = any(self.batched(v) for v in ins)
+        if batched:
             self.batched_vars.update(outs)
         return outs
 
@@ -137,10 +139,11 @@ class _Merge:
                            bx.stack([args[d][i] for d in range(n)], hint=v.hint))
         # a mirrored variable enters once (component 0); a sync-on-read one once per
         # replica (component k), stacked
-        states, variables, components = [], [], []
+        states, variables, components, per_variable = [], [], [], []
         for var, logical in zip(g.variables, g.inputs[g.num_args:]):
             ks = range(n) if var.on_read else (0,)
             mine = [Var(logical.ty, logical.hint, here) for _ in ks]
+            per_variable.append(mine)
             states += mine
             variables += [var] * len(mine)
             components += list(ks)
@@ -157,9 +160,12 @@ class _Merge:
         results = [self.env.get(v, v) if isinstance(v, Var) else v
                    for v in g.outputs[: g.num_results]]
         finals = []
-        for var, logical in zip(g.variables, g.outputs[g.num_results:]):
+        for var, state, logical, mine in zip(g.variables, g.inputs[g.num_args:],
+                                             g.outputs[g.num_results:], per_variable):
             final = self.env[logical] if isinstance(logical, Var) else logical
-            if var.on_read:
+            if logical is state:           # not written: each component stays as it is
+                finals += mine
+            elif var.on_read:
                 finals += [bx.replica(final, k) if bx.batched(final) else final
                            for k in range(n)]
             elif bx.batched(final):
@@ -233,8 +239,6 @@ class _Merge:
         if made is not None and made.op == "reshape":
             return bx.add1(OPS["reshape"], self.replica_sum(made.inputs[0]), shape=v.ty.shape)
         if made is not None and made.op == "reduce_sum" and not dict(made.params)["keepdims"]:
-            from graphdist.ops.core import normalize_axis
-
             x = self.env[made.inputs[0]]
             if bx.batched(x):
                 axes = normalize_axis("reduce_sum", dict(made.params)["axis"],
