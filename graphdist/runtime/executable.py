@@ -87,6 +87,12 @@ def _guarded(program, devices):
     return run
 
 
+def _use_every_core() -> None:
+    """One program in the calling thread: BLAS and Numba get every core."""
+    threads.set_blas_threads(None)
+    threads.set_numba_threads(threads.cores())
+
+
 class OneDeviceExecutable:
     def __init__(self, placed: Graph, program):
         self.graph = placed
@@ -98,8 +104,7 @@ class OneDeviceExecutable:
 
     def __call__(self, arrays):
         """Returns [results]: one list per replica, as MultiDeviceExecutable does."""
-        threads.set_blas_threads(None)
-        threads.set_numba_threads(threads.cores())
+        _use_every_core()
         return [self.program(*arrays)]
 
 
@@ -260,8 +265,7 @@ class MergedExecutable:
                        for d in range(self.replicas)]
 
     def __call__(self, arrays):
-        threads.set_blas_threads(None)
-        threads.set_numba_threads(threads.cores())
+        _use_every_core()
         for v in self.written:
             v._lagging = True
         try:
@@ -313,8 +317,7 @@ class SequentialExecutable:
 
     def __call__(self, arrays):
         catch_up(self.mirrored)
-        threads.set_blas_threads(None)
-        threads.set_numba_threads(threads.cores())
+        _use_every_core()
         flat = self.program(*arrays)
         out, k = [], 0
         for per in self.returned:
