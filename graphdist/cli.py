@@ -56,6 +56,20 @@ def _load(spec: str):
     return getattr(importlib.import_module(module_name), attr)
 
 
+def _find_graph(value, function_type, depth: int = 3):
+    """The first gd.function or gd.Graph in `value` (itself, or inside dicts, lists, tuples)."""
+    if isinstance(value, function_type) or hasattr(value, "eqns"):
+        return value
+    if depth and isinstance(value, dict):
+        value = list(value.values())
+    if depth and isinstance(value, (list, tuple)):
+        for item in value:
+            found = _find_graph(item, function_type, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
 def _show(args) -> int:
     """MODULE:FUNCTION names a traced gd.function, or a callable taking the device count
     and returning one (or a gd.Graph); shows its replicated graph when devices > 1."""
@@ -63,7 +77,14 @@ def _show(args) -> int:
 
     target = _load(args.target)
     if not isinstance(target, Function) and not hasattr(target, "eqns"):
-        target = target(args.devices)             # a builder taking the device count
+        result = target(args.devices)             # a builder taking the device count
+        target = _find_graph(result, Function)    # never print what it returned
+        if target is None:
+            print(f"graphdist show: {args.target}({args.devices}) returned a "
+                  f"{type(result).__name__} holding no gd.function or gd.Graph; name a "
+                  "gd.function, a gd.Graph, or a function of the device count returning one "
+                  "(alone or in a dict, list or tuple)", file=sys.stderr)
+            return 2
     graph = target
     if isinstance(target, Function):
         if target.trace_count == 0:
@@ -78,6 +99,12 @@ def _show(args) -> int:
                   f"{args.devices}", file=sys.stderr)
             return 2
         graph = placed if args.devices > 1 else target.graph
+        if args.stages or args.stage:
+            return _print_stages(target, args.stage)
+    elif args.stages or args.stage:
+        print(f"graphdist show: {args.target} gave a graph, not a gd.function: it has no "
+              "compile stages to show", file=sys.stderr)
+        return 2
     print(graph)
     if args.summary:
         print("\n" + graph.summary())
@@ -87,6 +114,23 @@ def _show(args) -> int:
         print(f"wrote {args.dot}")
     if args.html:
         print(f"wrote {graph.to_html(args.html)}")
+    return 0
+
+
+def _print_stages(f, only: str | None) -> int:
+    """Every stage of the compile pipeline, or the one named, as text."""
+    stages = f._latest().plan.stages
+    names = [s.name for s in stages]
+    if only is not None and only not in names:
+        print(f"graphdist show: no stage {only!r}; the stages are {', '.join(names)}",
+              file=sys.stderr)
+        return 2
+    for s in stages:
+        if only is None or s.name == only:
+            print(f"==== after {s.name}: {len(s.graph.eqns)} eqns, "
+                  f"{s.seconds * 1e3:.1f} ms ====")
+            print(s.graph)
+            print()
     return 0
 
 
@@ -108,11 +152,23 @@ def _bench(args) -> int:
         print(f"graphdist bench: unknown benchmark(s) {unknown}; choose from "
               f"{runner.BENCHMARKS}", file=sys.stderr)
         return 2
-    return int(runner.main(args.names) or 0)
+    where = ["--save"] if args.save else ["--out", args.out] if args.out else []
+    return int(runner.main(list(args.names) + where) or 0)
 
 
-PER_DEVICE_HELP = ("run logical CPU devices as per-device copies with their collectives "
-                   "(default: replicas merged into one program, what runs fastest)")
+MERGED_HELP = ("opt-in: run logical CPU replicas merged into one batched program (the "
+               "default runs, and shows, one copy per device with its collectives)")
+
+
+def _positive(text: str) -> int:
+    """argparse type of --steps and --devices: an int >= 1 (argparse names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
 
 
 def main(argv=None) -> int:
@@ -120,31 +176,42 @@ def main(argv=None) -> int:
                                      "for synchronous data-parallel training")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train the bundled digits MLP end to end")
-    demo.add_argument("--devices", type=int, default=1,
+    demo.add_argument("--devices", type=_positive, default=1,
                       help="logical devices (replicas); CPU devices unless --gpu")
     demo.add_argument("--gpu", action="store_true",
                       help="train on GPUs (logical ones when --devices exceeds the GPUs)")
-    demo.add_argument("--steps", type=int, default=300)
+    demo.add_argument("--steps", type=_positive, default=300)
     demo.add_argument("--html", default="graphdist_demo.html",
                       help="where to write the replicated graph as HTML ('' to skip)")
-    demo.add_argument("--per-device", action="store_true", help=PER_DEVICE_HELP)
+    demo.add_argument("--merged", action="store_true", help=MERGED_HELP)
     sub.add_parser("devices", help="list the devices graphdist can use")
     show = sub.add_parser("show", help="print (and export) the graph of MODULE:FUNCTION")
     show.add_argument("target")
-    show.add_argument("--devices", type=int, default=1)
+    show.add_argument("--devices", type=_positive, default=1)
     show.add_argument("--html", default=None)
     show.add_argument("--dot", default=None)
     show.add_argument("--summary", action="store_true", help="also print graph.summary()")
-    show.add_argument("--per-device", action="store_true", help=PER_DEVICE_HELP)
+    show.add_argument("--merged", action="store_true", help=MERGED_HELP)
+    show.add_argument("--stages", action="store_true",
+                      help="print the graph after every stage of the compile pipeline")
+    show.add_argument("--stage", default=None, metavar="NAME",
+                      help="print the graph after one stage (see --stages for the names)")
     bench = sub.add_parser("bench", help="run the benchmarks in bench/ (from a source checkout)")
     bench.add_argument("names", nargs="*", help="which ones (default: all)")
+    where = bench.add_mutually_exclusive_group()
+    where.add_argument("--out", default=None, metavar="DIR",
+                       help="write NAME.json into DIR (default: a new timestamped file "
+                            "bench/results/runs/NAME-<date>-<time>.json)")
+    where.add_argument("--save", action="store_true",
+                       help="overwrite the committed results in bench/results/ (what the docs "
+                            "quote); without it they are never touched")
     args = parser.parse_args(argv)
     handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench}
-    if not getattr(args, "per_device", False):
+    if not getattr(args, "merged", False):
         return handlers[args.command](args)
     from graphdist import config
 
-    config.set_device_concurrency("sequential")
+    config.set_device_concurrency("merged")
     try:
         return handlers[args.command](args)
     finally:

@@ -53,18 +53,27 @@ def _spec_text(spec) -> str:
 
 
 class Compiled:
-    """One signature's trace: the logical graph (replica 0's), the placed graph and the
+    """One signature's trace: the logical graph (replica 0's), the pipeline's plan and its
     executable, plus how call arguments feed it and how its results come back."""
 
-    def __init__(self, graph: Graph, out_tree, out_kinds: list, executable, feeds: list,
-                 rebuild=None):
+    def __init__(self, graph: Graph, out_tree, out_kinds: list, plan, feeds: list,
+                 shared_results=()):
+        from graphdist.runtime.executable import executable
+
         self.graph = graph
-        self.rebuild = rebuild       # rebuild(profile=True) -> an instrumented executable
+        self.plan = plan
+        self.shared_results = shared_results   # results returned by replica 0 only
         self.out_tree = out_tree
         # per output leaf: ("static", value) | ("mirrored",) | ("per_replica",)
         self.out_kinds = out_kinds
-        self.executable = executable
+        self.executable = executable(plan, shared_results=shared_results)
         self.feeds = feeds           # per replica: indices of the call's leaves it takes
+        self.profiled = None         # the instrumented executable, built on first profile
+
+    def rebuild(self, profile: bool):
+        from graphdist.runtime.executable import executable
+
+        return executable(self.plan, profile, self.shared_results)
 
     @property
     def replicated_graph(self) -> Graph:
@@ -216,14 +225,16 @@ class Function:
 
     def _build(self, key, leaves) -> Compiled:
         """Trace replica 0's view; if it ran a strategy with several replicas, trace the
-        other shard shapes too and replicate, else compile for one device."""
-        from graphdist.runtime.executable import compile_graph, compile_replicated
+        other shard shapes too; hand the logical graphs to the pipeline."""
+        from graphdist import pipeline
+        from graphdist.distribute.context import get_strategy
 
         tree, specs, _ = key
         index_tree = unflatten(tree, list(range(len(leaves))))
         n_args = _replica_count(index_tree)
         view = _view(index_tree, 0) if n_args else index_tree
-        graph, out_tree, out_kinds, strategy = self._trace(view, leaves, specs)
+        stages: list = []
+        graph, out_tree, out_kinds, strategy = self._trace(view, leaves, specs, stages)
         if strategy is None:   # no strategy.run, but mirrored variables: their strategy
             found = {v._strategy for v in graph.variables if len(v.devices) > 1}
             strategy = found.pop() if len(found) == 1 else None
@@ -232,9 +243,9 @@ class Function:
             raise ValueError(f"gd.function {self.__name__}: PerReplica arguments have {n_args} "
                              f"values but the strategy runs {n} replicas")
         if n == 1:
-            return Compiled(graph, out_tree, out_kinds, compile_graph(graph),
-                            [self._feed(view, specs)],
-                            lambda profile: compile_graph(graph, profile))
+            device = pipeline.device_of(graph, get_strategy().devices[0])
+            plan = pipeline.one_device(graph, device, stages)
+            return Compiled(graph, out_tree, out_kinds, plan, [self._feed(view, specs)], ())
         views = [_view(index_tree, r) for r in range(n)] if n_args else [index_tree] * n
         by_shapes = {}
         graphs = []
@@ -250,19 +261,15 @@ class Function:
                   if kind[0] == "mirrored"]
         feeds = [self._feed(v, specs) for v in views]
         same_array = [i for i, leaf in enumerate(feeds[0]) if all(f[i] == leaf for f in feeds)]
-        return Compiled(graph, out_tree, out_kinds,
-                        compile_replicated(graphs, strategy, shared_results=shared,
-                                           shared_args=same_array),
-                        feeds,
-                        lambda profile: compile_replicated(graphs, strategy, profile, shared,
-                                                           same_array))
+        plan = pipeline.replicated(graphs, strategy, same_array, stages)
+        return Compiled(graph, out_tree, out_kinds, plan, feeds, shared)
 
     @staticmethod
     def _feed(view, specs) -> list:
         indices, _, _ = flatten(view)
         return [i for i in indices if specs[i][0] == "array"]
 
-    def _trace(self, view, leaves, specs):
+    def _trace(self, view, leaves, specs, stages: list | None = None):
         from graphdist.distribute.values import LocalValue
 
         indices, paths, view_tree = flatten(view)
@@ -290,18 +297,9 @@ class Function:
                     kinds.append(("mirrored",))
                 else:
                     kinds.append(("static", leaf))
-        from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code,
-                                      run_passes)
+        from graphdist import pipeline
 
-        from graphdist.passes.simplify import simplify
-
-        passes = [eliminate_dead_code, eliminate_common_subexpressions, simplify,
-                  eliminate_common_subexpressions, eliminate_dead_code]
-        if config.fused_kernels():
-            from graphdist.passes.fuse import fuse_optimizer
-
-            passes.append(fuse_optimizer)
-        graph = run_passes(tracer.graph(results), passes)
+        graph = pipeline.logical(tracer.graph(results), stages)
         return graph, out_tree, kinds, tracer.strategy
 
     # ------------------------------------------------------------ inspection
@@ -331,6 +329,17 @@ class Function:
     def get_replicated_graph(self, *args, **kwargs) -> Graph:
         return self._entry(args, kwargs).replicated_graph
 
+    @property
+    def stages(self) -> dict:
+        """The graph after every stage of the compile pipeline (graphdist/pipeline.py), in
+        order, for the most recent signature: {"trace": ..., "dce": ..., "replicate": ...,
+        "lower_collectives": ..., "schedule": ...}; the last is the replicated graph."""
+        return {s.name: s.graph for s in self._latest().plan.stages}
+
+    def get_stages(self, *args, **kwargs) -> dict:
+        """`stages` for the signature of these arguments (traced and compiled if new)."""
+        return {s.name: s.graph for s in self._entry(args, kwargs).plan.stages}
+
     def profile(self, *args, path=None, **kwargs) -> dict:
         """Run one step with a timer around every node; returns (and writes to `path`) the
         Chrome trace event object: one lane per device, one event per node."""
@@ -338,7 +347,7 @@ class Function:
 
         leaves, key = self._signature(args, kwargs)
         compiled = self._cache.get(key) or self._compile(key, leaves, args, kwargs)
-        if getattr(compiled, "profiled", None) is None:
+        if compiled.profiled is None:
             compiled.profiled = compiled.rebuild(True)
         executable = compiled.profiled
         for program in executable.programs:

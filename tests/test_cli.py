@@ -69,11 +69,14 @@ def test_python_dash_m_graphdist():
 
 def test_cli_show_prints_and_exports(tmp_path, capsys):
     html, dot = tmp_path / "step.html", tmp_path / "step.dot"
-    assert main(["show", "graphdist.examples.mlp_digits:traced_step", "--devices", "2"]) == 0
-    assert "# 2 replicas merged on cpu:0" in capsys.readouterr().out     # what runs
     assert main(["show", "graphdist.examples.mlp_digits:traced_step", "--devices", "2",
-                 "--html", str(html), "--dot", str(dot), "--summary", "--per-device"]) == 0
+                 "--merged"]) == 0
     out = capsys.readouterr().out
+    assert "2 replicas merged into one batched program" in out and "opt-in" in out
+    assert main(["show", "graphdist.examples.mlp_digits:traced_step", "--devices", "2",
+                 "--html", str(html), "--dot", str(dot), "--summary"]) == 0
+    out = capsys.readouterr().out       # the default: one copy per device, as it runs
+    assert "merged" not in out
     assert "on cpu:0,cpu:1" in out and "# replica cpu:1" in out and "peak live bytes" in out
     assert html.stat().st_size > 1000 and "cpu:1" in html.read_text()
     assert "cluster_dev0" in dot.read_text() and "cluster_dev1" in dot.read_text()
@@ -118,3 +121,90 @@ def test_cli_show_explains_what_it_cannot_show(tmp_path, monkeypatch, capsys):
     assert main(["show", "showmod:traced"]) == 0
     assert "mul x 2.0" in capsys.readouterr().out
 
+
+
+def test_cli_show_prints_the_graph_not_what_the_function_returned(tmp_path, monkeypatch,
+                                                                  capsys):
+    (tmp_path / "showret.py").write_text(
+        "import numpy as np, graphdist as gd\n"
+        "def trains(devices):\n"
+        "    step = gd.function(lambda x: x * 3.0)\n"
+        "    losses = [step(np.full(2, 7.5, np.float32)) for _ in range(2)]\n"
+        "    return {'losses': losses, 'params': [np.full(4, 123456.0)], 'train_step': step}\n"
+        "def only_arrays(devices):\n"
+        "    return {'params': [np.full(4, 123456.0)]}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["show", "showret:trains"]) == 0
+    out = capsys.readouterr().out
+    assert "mul x 3.0" in out
+    assert "123456" not in out and "22.5" not in out and "losses" not in out, out
+    assert main(["show", "showret:only_arrays"]) == 2
+    captured = capsys.readouterr()
+    assert "123456" not in captured.out + captured.err
+    assert "returned a dict holding no gd.function or gd.Graph" in captured.err
+
+
+def test_cli_show_stages_prints_the_graph_after_every_stage(capsys):
+    target = "graphdist.examples.mlp_digits:traced_step"
+    assert main(["show", target, "--devices", "2", "--stages"]) == 0
+    out = capsys.readouterr().out
+    order = ["trace", "dce", "cse", "simplify", "fuse_optimizer", "replicate",
+             "lower_collectives", "fuse_reduce_update", "schedule"]
+    positions = [out.index(f"==== after {name}:") for name in order]
+    assert positions == sorted(positions)
+    replicated = out[out.index("==== after replicate:"):out.index("==== after lower_coll")]
+    lowered = out[out.index("==== after lower_collectives:"):out.index("==== after fuse_red")]
+    assert "all_reduce" in replicated and "host_all_reduce" not in replicated
+    assert "host_all_reduce" in lowered
+    assert main(["show", target, "--devices", "2", "--stage", "replicate"]) == 0
+    one = capsys.readouterr().out
+    assert one.count("==== after") == 1 and "on cpu:0,cpu:1" in one
+    assert main(["show", target, "--devices", "2", "--stage", "nope"]) == 2
+    assert "lower_collectives" in capsys.readouterr().err
+
+
+def test_cli_rejects_non_positive_steps_and_devices(capsys):
+    import pytest
+
+    for argv, flag in [(["demo", "--steps", "0"], "--steps"), (["demo", "--devices", "0"],
+                                                                "--devices"),
+                       (["demo", "--steps", "-3"], "--steps"),
+                       (["show", "x:y", "--devices", "0"], "--devices")]:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: argument {flag}: must be an integer >= 1, got " in err, err
+        assert "Traceback" not in err
+
+
+def test_bench_never_overwrites_committed_results_unless_asked(tmp_path, monkeypatch, capsys):
+    import types
+
+    import bench.__main__ as runner
+    from bench import common
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    committed = tmp_path / "results"
+    committed.mkdir()
+    (committed / "overhead.json").write_text('{"committed": true}')
+    monkeypatch.setattr(common, "RESULTS", committed)
+    monkeypatch.setattr(common, "RUNS", committed / "runs")
+    for var in ("BENCH_SAVE", "BENCH_OUT", "BENCH_TAG"):
+        monkeypatch.delenv(var, raising=False)
+    fake = types.SimpleNamespace(main=lambda: common.save("overhead", {"value": 1}))
+    monkeypatch.setitem(sys.modules, "bench.overhead", fake)   # what the runner imports
+
+    assert runner.main(["overhead"]) == 0                  # python -m bench overhead
+    assert main(["bench", "overhead"]) == 0                # graphdist bench overhead
+    runs = sorted((committed / "runs").glob("overhead-*.json"))
+    assert len(runs) == 2 and all('"value": 1' in p.read_text() for p in runs)
+    assert (committed / "overhead.json").read_text() == '{"committed": true}'
+    out = tmp_path / "mine"
+    assert main(["bench", "overhead", "--out", str(out)]) == 0
+    assert '"value": 1' in (out / "overhead.json").read_text()
+    assert (committed / "overhead.json").read_text() == '{"committed": true}'
+    assert runner.main(["overhead", "--save"]) == 0       # only when asked
+    assert '"value": 1' in (committed / "overhead.json").read_text()
+    assert len(list((committed / "runs").glob("*.json"))) == 2
+    capsys.readouterr()

@@ -13,6 +13,7 @@ from graphdist.distribute import cross_device_ops as cdo
 from graphdist.ir import ArrayType, Var
 from graphdist.ops import OPS, host_collectives
 from graphdist.ops.host_collectives import host_all_reduce_ref
+from graphdist.passes import collectives
 from graphdist.passes.builder import Builder
 
 SHAPES = [(), (1,), (7,), (8, 125), (4097,)]   # sizes 1, 1, 7, 1000, 4097
@@ -46,7 +47,7 @@ def ref_device_order(xs, op):
 def ref_ring(xs, op):
     n, flat = len(xs), [x.reshape(-1) for x in xs]
     out, start = np.empty_like(flat[0]), 0
-    for c, length in enumerate(cdo.near_equal(flat[0].size, n)):   # segment c: c+1, ..., c
+    for c, length in enumerate(collectives.near_equal(flat[0].size, n)):   # segment c: c+1, ..., c
         seg = slice(start, start + length)
         out[seg] = _finish(_add_in_order([flat[(c + k) % n][seg] for k in range(1, n + 1)]),
                            n, op)
@@ -55,7 +56,7 @@ def ref_ring(xs, op):
 
 
 def ref_hierarchical(xs, op, num_groups=2):
-    groups = cdo.groups_of(tuple(range(len(xs))), num_groups)
+    groups = collectives.groups_of(tuple(range(len(xs))), num_groups)
     partials = [_add_in_order([xs[d] for d in group]) for group in groups]
     return _finish(_add_in_order(partials), len(xs), op)
 
@@ -173,11 +174,11 @@ def test_ring_copies_only_between_ring_neighbours():
 
 
 def test_hierarchical_groups_and_copies():
-    assert cdo.groups_of(("a", "b", "c", "d"), 2) == [("a", "b"), ("c", "d")]
-    assert cdo.groups_of(("a", "b", "c"), 2) == [("a", "b"), ("c",)]
-    assert cdo.groups_of(("a", "b", "c", "d", "e"), 3) == [("a", "b"), ("c", "d"), ("e",)]
-    assert cdo.groups_of(("a",), 2) == [("a",)]
-    assert cdo.groups_of(("a", "b"), 4) == [("a",), ("b",)]
+    assert collectives.groups_of(("a", "b", "c", "d"), 2) == [("a", "b"), ("c", "d")]
+    assert collectives.groups_of(("a", "b", "c"), 2) == [("a", "b"), ("c",)]
+    assert collectives.groups_of(("a", "b", "c", "d", "e"), 3) == [("a", "b"), ("c", "d"), ("e",)]
+    assert collectives.groups_of(("a",), 2) == [("a",)]
+    assert collectives.groups_of(("a", "b"), 4) == [("a",), ("b",)]
     g = _graph_of(cdo.HierarchicalCopyAllReduce(2))
     assert _edges(g) == {("cpu:1", "cpu:0"), ("cpu:3", "cpu:2"),      # into the leaders
                          ("cpu:2", "cpu:0"), ("cpu:0", "cpu:2"),      # leaders exchange
@@ -233,7 +234,7 @@ def test_nccl_is_constructible_but_refuses_cpu_devices():
     nccl = cdo.NcclAllReduce()
     devices = ("cpu:0", "cpu:1")
     with pytest.raises(ValueError, match=r"cpu:0.*cpu:1"):
-        nccl.all_reduce(Builder(), _vars(devices), "sum", devices)
+        collectives.lower_all_reduce(nccl, Builder(), _vars(devices), "sum", devices)
     strategy = _strategy(2, nccl)
     x = strategy.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
     step = gd.function(lambda x: strategy.run(
@@ -245,7 +246,8 @@ def test_nccl_is_constructible_but_refuses_cpu_devices():
 def test_host_all_reduce_refuses_gpu_devices():
     devices = ("gpu:0", "gpu:1")
     with pytest.raises(ValueError, match="gpu:0"):
-        cdo.HostAllReduce().all_reduce(Builder(), _vars(devices), "sum", devices)
+        collectives.lower_all_reduce(cdo.HostAllReduce(), Builder(), _vars(devices), "sum",
+                                     devices)
 
 
 def test_choose_cross_device_ops(monkeypatch):
@@ -315,7 +317,7 @@ def test_nccl_lowers_to_one_node_whose_reference_sums_in_device_order():
     devices = ("gpu:0", "gpu:1", "gpu:2")
     b = Builder()
     xs = _vars(devices, shape=(2, 3))
-    outs = cdo.NcclAllReduce().all_reduce(b, xs, "mean", devices)
+    outs = collectives.lower_all_reduce(cdo.NcclAllReduce(), b, xs, "mean", devices)
     (node,) = [e for e in b.eqns if e.op.name == "nccl_all_reduce"]
     assert dict(node.params) == {"op": "mean", "devices": devices}
     assert [v.device for v in node.outputs] == list(devices)

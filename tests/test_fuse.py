@@ -69,7 +69,7 @@ def test_fused_matches_unfused(name):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_one_fused_node_per_device_and_replicas_bit_identical(per_device):
+def test_one_fused_node_per_device_and_replicas_bit_identical():
     strategy = gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2", "cpu:3"])
     step, ws = _model(strategy, OPTIMIZERS["adam"])
     x, y = _data()

@@ -68,7 +68,7 @@ def test_every_batching_rule_matches_the_replica_function_run_eagerly(merged, no
 
     got = step(_shards(x), w)
     placed = step.replicated_graph
-    assert placed.meta.get("merged"), "the step should have merged"
+    assert placed.merged, "the step should have merged"
     assert step._latest().executable.diagnosis is None, "the merged program itself ran"
     # the shared argument w enters once; x's four shards are stacked
     assert sum(v.hint == "w" for v in placed.inputs[:placed.num_args]) == 4
@@ -78,7 +78,7 @@ def test_every_batching_rule_matches_the_replica_function_run_eagerly(merged, no
             np.testing.assert_allclose(out.values[k], ref, rtol=1e-5, atol=1e-6)
 
 
-def test_a_training_step_merges_into_one_gemm_per_matmul_and_one_update():
+def test_a_training_step_merges_into_one_gemm_per_matmul_and_one_update(merged):
     rng = np.random.default_rng(1)
     strategy = gd.MirroredStrategy(DEVICES)
     with strategy.scope():
@@ -142,14 +142,14 @@ def _counter_step(strategy, v):
     return step
 
 
-def test_lagging_components_catch_up_when_read_and_before_per_device_steps():
+def test_lagging_components_catch_up_when_read_and_before_per_device_steps(merged):
     strategy = gd.MirroredStrategy(DEVICES)
     with strategy.scope():
         v = gd.Variable(np.zeros(2, np.float32), name="v", aggregation="sum")
     x = np.arange(16, dtype=np.float32).reshape(8, 2)
     merged_step = _counter_step(strategy, v)
     merged_step(_shards(x))
-    assert merged_step.replicated_graph.meta.get("merged")
+    assert merged_step.replicated_graph.merged
     total = x.sum(axis=0)
     # only component 0 was written; the others are brought up to date when looked at
     assert v._lagging and not np.array_equal(v._values[1], total)
@@ -159,14 +159,14 @@ def test_lagging_components_catch_up_when_read_and_before_per_device_steps():
     try:
         per_device = _counter_step(strategy, v)
         per_device(_shards(x))            # reads every component: they must be current
-        assert not per_device.replicated_graph.meta.get("merged")
+        assert not per_device.replicated_graph.merged
     finally:
-        gd.config.set_device_concurrency("auto")
+        gd.config.set_device_concurrency("merged")
     assert all(np.array_equal(c, 3 * total) for c in v.values)
     assert np.array_equal(v.numpy(), 3 * total)
 
 
-def test_checkpoint_after_merged_steps_restores_onto_two_replicas(tmp_path):
+def test_checkpoint_after_merged_steps_restores_onto_two_replicas(tmp_path, merged):
     strategy = gd.MirroredStrategy(DEVICES)
     with strategy.scope():
         v = gd.Variable(np.zeros(2, np.float32), name="v", aggregation="sum")
@@ -198,7 +198,7 @@ def test_sync_on_read_variables_merge_with_one_component_per_replica(merged):
     x = np.arange(8, dtype=np.float32)
     out = step(_shards(x))
     step(_shards(x))
-    assert step.replicated_graph.meta.get("merged")
+    assert step.replicated_graph.merged
     assert [float(c) for c in seen.values] == [4.0] * 4      # 2 rows a step, per replica
     assert float(seen.numpy()) == 16.0
     assert [float(c) for c in last.values] == [1.0, 3.0, 5.0, 7.0]
@@ -206,21 +206,22 @@ def test_sync_on_read_variables_merge_with_one_component_per_replica(merged):
     assert [float(v) for v in out.values] == [2.0] * 4
 
 
-def test_uneven_shards_and_explicit_cross_device_ops_run_per_device():
+def test_uneven_shards_run_per_device_and_nothing_merges_by_default(merged):
     strategy = gd.MirroredStrategy(DEVICES)
     with strategy.scope():
         v = gd.Variable(np.zeros(2, np.float32), name="v", aggregation="sum")
     step = _counter_step(strategy, v)
     x = np.ones((10, 2), np.float32)                   # 3, 3, 2, 2 rows
     step(_shards(x))
-    assert not step.replicated_graph.meta.get("merged")
+    assert not step.replicated_graph.merged
     assert np.array_equal(v.numpy(), [10.0, 10.0])
-    ring = gd.MirroredStrategy(DEVICES, cross_device_ops=gd.RingAllReduce())
-    with ring.scope():
+    gd.config.set_device_concurrency("auto")           # the default: per-device copies
+    with strategy.scope():
         u = gd.Variable(np.zeros(2, np.float32), name="u", aggregation="sum")
-    ring_step = _counter_step(ring, u)
-    ring_step(_shards(np.ones((8, 2), np.float32)))
-    assert not ring_step.replicated_graph.meta.get("merged")      # auto honours the choice
+    auto_step = _counter_step(strategy, u)
+    auto_step(_shards(np.ones((8, 2), np.float32)))
+    assert not auto_step.replicated_graph.merged
+    assert {e.device for e in auto_step.replicated_graph.eqns} == set(DEVICES)
     assert np.array_equal(u.numpy(), [8.0, 8.0])
 
 
@@ -230,14 +231,14 @@ def test_merged_mode_applies_to_explicit_cross_device_ops_too(merged):
         u = gd.Variable(np.zeros(2, np.float32), name="u", aggregation="mean")
     step = _counter_step(ring, u)
     out = step(_shards(np.arange(16, dtype=np.float32).reshape(8, 2)))
-    assert step.replicated_graph.meta.get("merged")
+    assert step.replicated_graph.merged
     # MEAN of the replicas' column sums of their 2-row shards
     want = np.arange(16, dtype=np.float32).reshape(4, 2, 2).sum(axis=1).mean(axis=0)
     assert np.array_equal(u.numpy(), want)
     assert np.array_equal(out, want)          # the same mirrored value from every replica
 
 
-def test_merge_refuses_a_per_replica_value_assigned_to_a_mirrored_variable(per_device):
+def test_merge_refuses_a_per_replica_value_assigned_to_a_mirrored_variable():
     from graphdist.passes.merge import CannotMerge, merge_replicas
 
     strategy = gd.MirroredStrategy(DEVICES)

@@ -176,7 +176,7 @@ def test_four_replicas_match_one_device_float32(kind, mode):
     assert set(rg.devices) == set(DEVICES)
     assert all(v.shape == (8, 16) for v in rg.inputs[: rg.num_args] if v.ty.shape[-1:] == (16,))
     if mode == "merged":
-        assert rg.meta["merged"] and {e.device for e in rg.eqns} == {DEVICES[0]}
+        assert rg.merged and {e.device for e in rg.eqns} == {DEVICES[0]}
         assert any(v.ty.shape == (4, 8, 16) for e in rg.eqns for v in e.outputs)
     else:
         assert {e.device for e in rg.eqns} == set(DEVICES)

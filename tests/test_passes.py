@@ -95,7 +95,7 @@ def test_place_puts_every_value_on_the_device():
 
 def test_schedule_records_liveness_and_peak():
     g = schedule(eliminate_dead_code(_tiny_graph()))
-    live = g.meta["liveness"]
+    live = g.liveness
     a, b, c = (e.outputs[0] for e in g.eqns)
     assert live.last_use[a] == 2 and live.last_use[b] == 2
     assert live.last_use[c] == 3                        # a graph output lives to the end

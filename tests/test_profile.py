@@ -51,7 +51,7 @@ def test_one_device_profile(tmp_path):
     np.testing.assert_allclose(w.numpy(), 0.9)        # profile runs a real step
 
 
-def test_profile_has_one_lane_per_device_and_shows_collectives(per_device):
+def test_profile_has_one_lane_per_device_and_shows_collectives():
     strategy = gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2"])
     with strategy.scope():
         w = gd.Variable(np.ones((4, 2), np.float32))

@@ -15,10 +15,8 @@ from graphdist.distribute import cross_device_ops as cdo_module
 from graphdist.errors import GraphError
 from graphdist.ir import Lit, Var
 from graphdist.ir.check import check
+from graphdist.passes.collectives import lower_collectives
 from graphdist.passes.replicate import replicate
-
-# the replication pass itself: steps run as per-device copies, never merged
-pytestmark = pytest.mark.usefixtures("per_device")
 
 DEVICES = ("cpu:0", "cpu:1", "cpu:2", "cpu:3")
 LOGICAL_COLLECTIVES = {"all_reduce", "broadcast"}
@@ -178,7 +176,7 @@ def test_placed_graph_is_valid_placed_and_acyclic(lowering):
     # per-device inputs: N x the logical arguments and states, in replica order
     assert len(placed.inputs) == 4 * len(logical.inputs)
     assert len(placed.outputs) == 4 * len(logical.outputs)
-    assert placed.meta["replicas"] == 4
+    assert placed.replication.replicas == 4
     a = logical.num_args
     assert [v.device for v in placed.inputs[:4 * a]] == [d for d in DEVICES for _ in range(a)]
     assert len(placed.variables) == 4 * len(logical.variables)
@@ -325,7 +323,7 @@ def test_interpreted_placed_graph_matches_numpy(lowering, rows):
     outs = _interpret(placed, batch.values, states_before)
     mean_loss, losses, new_w, new_b, first = _np_model_step(initial, x)
     assert first.shape == (2,)
-    r = placed.meta["results_per_replica"]
+    r = placed.replication.results_per_replica
     results, finals = outs[:4 * r], outs[4 * r:]
     for d in range(4):
         loss, rid, total = results[d * r:(d + 1) * r]
@@ -360,18 +358,22 @@ def test_replicate_directly_on_logical_graphs():
     g3 = f.graph            # replica 0's logical graph, shard of 3 rows
     text_before = str(g3)
     lowering = gd.ReductionToOneDevice()
-    placed = replicate([g3] * 4, DEVICES, lowering)
+    joined = replicate([g3] * 4, DEVICES)
+    # one N-way node per collective: an input and an output on every device
+    (node,) = [e for e in joined.eqns if e.op.name in LOGICAL_COLLECTIVES]
+    assert [v.device for v in node.inputs] == [v.device for v in node.outputs] == list(DEVICES)
+    placed = lower_collectives(joined, lowering)
     assert str(g3) == text_before, "replicate must not change its input"
     _assert_placed(placed, DEVICES)
     assert [v.shape for v in placed.inputs] == [(3, 2)] * 4
     outs = _interpret(placed, [np.full((3, 2), d, np.float64) for d in range(4)], [])
     for o in outs:
         np.testing.assert_array_equal(o, np.full(2, 36.0))
-    two = replicate([g3, g3], DEVICES[:2], lowering)
+    two = lower_collectives(replicate([g3, g3], DEVICES[:2]), lowering)
     _assert_placed(two, DEVICES[:2])
     assert "@2" not in str(two)
     with pytest.raises(GraphError):
-        replicate([g3] * 3, DEVICES, lowering)
+        replicate([g3] * 3, DEVICES)
 
 
 @pytest.mark.parametrize("shape_b", [(2,), (3,)])
@@ -386,7 +388,7 @@ def test_replicate_rejects_replicas_that_captured_different_variables(shape_b):
         f()
         graphs.append(f.graph)
     with pytest.raises(GraphError, match="variables"):
-        replicate(graphs, DEVICES[:2], gd.ReductionToOneDevice())
+        replicate(graphs, DEVICES[:2])
 
 
 def test_replicate_rejects_replicas_that_disagree_on_collectives():
@@ -403,7 +405,7 @@ def test_replicate_rejects_replicas_that_disagree_on_collectives():
 
     total, mean = make("sum"), make("mean")
     with pytest.raises(GraphError, match="collective"):
-        replicate([total, total, mean, total], DEVICES, gd.ReductionToOneDevice())
+        replicate([total, total, mean, total], DEVICES)
 
     @gd.function
     def none(x):
@@ -411,7 +413,7 @@ def test_replicate_rejects_replicas_that_disagree_on_collectives():
 
     none(next(iter(strategy.experimental_distribute_dataset([np.ones((8, 2))]))))
     with pytest.raises(GraphError):
-        replicate([total, none.graph, total, total], DEVICES, gd.ReductionToOneDevice())
+        replicate([total, none.graph, total, total], DEVICES)
 
 
 def test_mirrored_only_step_without_run_is_replicated():

@@ -71,5 +71,9 @@ def canonical(device) -> str:
     return f"{kind}:{int(index)}"
 
 
+def is_gpu(device) -> bool:
+    return str(device).startswith("gpu")
+
+
 def default_device() -> str:
     return "gpu:0" if gpu_count() else "cpu:0"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from graphdist.ir.types import ArrayType
+
+# the name_scope of the nodes a collective is lowered into: views draw them between lanes
+COLLECTIVES_SCOPE = "collectives"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -64,6 +67,22 @@ class Eqn:
         return eqn_text(self)
 
 
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How a placed graph's inputs and outputs divide into replicas: every replica's
+    `args_per_replica` arguments, then the states; every replica's `results_per_replica`
+    results, then the final states. A merged graph (passes/merge.py) runs all replicas as
+    one program: `components[i]` is which component of its variable state input i is, and
+    `batched_results[k]` whether result k is stacked per replica."""
+
+    replicas: int
+    args_per_replica: int
+    results_per_replica: int
+    merged: bool = False
+    components: tuple = ()
+    batched_results: tuple = ()
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Graph:
     """A flat, topologically ordered list of eqns in SSA form.
@@ -78,7 +97,8 @@ class Graph:
     outputs: tuple
     variables: tuple = ()
     devices: tuple = ()
-    meta: dict = field(default_factory=dict, compare=False)
+    replication: Replication | None = None   # set by replicate and merge
+    liveness: object = None                  # set by schedule (passes.schedule.Liveness)
 
     @property
     def num_args(self) -> int:
@@ -87,6 +107,20 @@ class Graph:
     @property
     def num_results(self) -> int:
         return len(self.outputs) - len(self.variables)
+
+    @property
+    def merged(self) -> bool:
+        """Whether the replicas run merged into one batched program (opt-in)."""
+        return self.replication is not None and self.replication.merged
+
+    def mode_note(self) -> str:
+        """One line saying how the replicas run when that is not what the views draw by
+        default (one lane per device): empty unless merged."""
+        if not self.merged:
+            return ""
+        return (f"{self.replication.replicas} replicas merged into one batched program on "
+                f"{self.devices[0]} (opt-in: set_device_concurrency(\"merged\")); "
+                "the default runs one copy per device")
 
     @property
     def nodes(self) -> tuple:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from graphdist.ir.graph import Eqn, Graph, Lit, Var
+from graphdist.ir.graph import COLLECTIVES_SCOPE, Eqn, Graph, Lit, Var
 
 
 def _letters(i: int) -> str:
@@ -111,7 +111,7 @@ def _runs(eqns):
     """Consecutive eqns on one device, or consecutive collective eqns on any devices."""
     runs = []
     for eqn in eqns:
-        collective = eqn.scope == "collectives" or eqn.op.collective
+        collective = eqn.scope == COLLECTIVES_SCOPE or eqn.op.collective
         key = (None, True) if collective else (eqn.device, False)
         if runs and runs[-1][0] == key:
             runs[-1][1].append(eqn)
@@ -132,7 +132,7 @@ def graph_text(g: Graph, max_eqns: int | None = 400, fold: bool = True) -> str:
     head = f"graph({args}" + (f"; vars {state}" if state else "") + ")"
     if g.devices:
         head += " on " + ",".join(g.devices)
-    body: list[str] = []
+    body: list[str] = [f"  # {g.mode_note()}"] if g.merged else []
     if not multi:
         scope = ""
         for eqn in g.eqns:
@@ -157,7 +157,7 @@ def graph_text(g: Graph, max_eqns: int | None = 400, fold: bool = True) -> str:
                 body.append(f"  # replica {device}: same {len(run)} eqns as {g.devices[0]}, "
                             f"@0 -> @{k}")
                 continue
-            body.append(f"  # {n} replicas merged on {device}" if g.meta.get("merged")
+            body.append(f"  # {n} replicas merged on {device}" if g.merged
                         else f"  # replica {device}")
             scope = ""
             for e, t in zip(run, texts):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 
 from graphdist import flags
+from graphdist.config import logger
 from graphdist.ir import Graph, Var, check
 
 
@@ -18,13 +20,30 @@ def substitute(g: Graph, eqns: list, mapping: dict) -> Graph:
     return replace(g, eqns=new_eqns, outputs=tuple(sub(v) for v in g.outputs))
 
 
-def run_passes(g: Graph, passes) -> Graph:
-    """Run `passes` in order; GRAPHDIST_CHECK=1 checks after each, GRAPHDIST_DEBUG>=2 prints."""
+@dataclass(frozen=True)
+class Stage:
+    """The graph after one pass of the pipeline, under the name users ask for it by."""
+
+    name: str
+    graph: Graph
+    seconds: float
+
+
+def run_passes(g: Graph, passes, record: list | None = None) -> Graph:
+    """Run `passes` in order; GRAPHDIST_CHECK=1 checks after each, GRAPHDIST_DEBUG>=2 prints
+    each result, GRAPHDIST_DEBUG>=1 logs each pass's time. With `record`, a
+    `Stage(name, graph, seconds)` is appended after each pass."""
     for p in passes:
+        start = time.perf_counter()
         g = p(g)
+        seconds = time.perf_counter() - start
         name = getattr(p, "__name__", str(p))
         if flags.CHECK:
             check(g, where=name)
+        if flags.DEBUG >= 1:
+            logger.debug("pass %s: %.1f ms, %d eqns", name, seconds * 1e3, len(g.eqns))
         if flags.DEBUG >= 2:
             print(f"--- after {name} ---\n{g}")
+        if record is not None:
+            record.append(Stage(name, g, seconds))
     return g

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from graphdist.ir import ArrayType, Graph, Lit, Var
+from graphdist.ir import ArrayType, Graph, Lit, Replication, Var
 from graphdist.ops import OPS
 from graphdist.ops.array import Const
 from graphdist.ops.core import normalize_axis
@@ -176,10 +176,10 @@ class _Merge:
         merged = Graph(inputs=tuple(v for per in args for v in per) + tuple(states),
                        eqns=tuple(bx.builder.eqns), outputs=tuple(results) + tuple(finals),
                        variables=tuple(variables), devices=self.devices,
-                       meta={"replicas": n, "merged": True, "components": tuple(components),
-                             "batched_results": tuple(bx.batched(v) for v in results),
-                             "args_per_replica": g.num_args,
-                             "results_per_replica": g.num_results})
+                       replication=Replication(
+                           n, g.num_args, g.num_results, merged=True,
+                           components=tuple(components),
+                           batched_results=tuple(bx.batched(v) for v in results)))
         return eliminate_dead_code(eliminate_common_subexpressions(eliminate_dead_code(merged)))
 
     def merge_eqn(self, eqn, ins) -> tuple:

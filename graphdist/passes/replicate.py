@@ -1,14 +1,14 @@
 """replicate: N logical graphs (one per device; they differ only where shard shapes differ)
 become one placed graph. Each replica's eqns are cloned onto its device, and the k-th
-collective of every replica becomes one multi-device collective, lowered right away by the
-strategy's cross-device ops into the copies and adds that actually run."""
+collective of every replica becomes one N-way node (one input and one output per device);
+the next stage, passes/collectives.py, lowers it into what runs."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphdist.errors import GraphError
-from graphdist.ir import ArrayType, Graph, Lit, Var
+from graphdist.errors import GraphError, ShapeError
+from graphdist.ir import COLLECTIVES_SCOPE, ArrayType, Eqn, Graph, Lit, Replication, Var
 from graphdist.ir.printer import Namer
 from graphdist.passes.builder import Builder
 
@@ -26,8 +26,8 @@ def _segments(g: Graph):
     return out
 
 
-def replicate(graphs: list[Graph], devices: tuple, cross_device_ops) -> Graph:
-    """Place graphs[d] on devices[d] and lower the collectives between them."""
+def replicate(graphs: list[Graph], devices: tuple) -> Graph:
+    """Place graphs[d] on devices[d], joined by one N-way node per collective."""
     n = len(devices)
     if len(graphs) != n:
         raise GraphError(f"replicate: {len(graphs)} graphs for {n} devices")
@@ -60,7 +60,7 @@ def replicate(graphs: list[Graph], devices: tuple, cross_device_ops) -> Graph:
                 _clone_eqn(b, d, eqn, maps[d], names[d], devices)
         colls = [segments[d][k][1] for d in range(n)]
         if colls[0] is not None:
-            _lower_collective(b, colls, maps, devices, cross_device_ops, names)
+            _join_collective(b, colls, maps, devices, names)
     outputs = []
     for d, g in enumerate(graphs):
         outputs += [_mapped(maps[d], v) for v in g.outputs[: g.num_results]]
@@ -71,8 +71,7 @@ def replicate(graphs: list[Graph], devices: tuple, cross_device_ops) -> Graph:
                  eqns=tuple(b.eqns),
                  outputs=tuple(outputs) + tuple(v for per in finals for v in per),
                  variables=tuple(variables) * n, devices=tuple(devices),
-                 meta={"replicas": n, "args_per_replica": graphs[0].num_args,
-                       "results_per_replica": graphs[0].num_results})
+                 replication=Replication(n, graphs[0].num_args, graphs[0].num_results))
 
 
 def _mapped(mapping: dict, v):
@@ -97,7 +96,8 @@ def _with(new_eqn, old_eqn, hints):
     return replace(new_eqn, outputs=outs, scope=old_eqn.scope, source=old_eqn.source)
 
 
-def _lower_collective(b: Builder, colls, maps, devices, cross_device_ops, names) -> None:
+def _join_collective(b: Builder, colls, maps, devices, names) -> None:
+    """The k-th collective of every replica as one N-way node on the first device."""
     first = colls[0]
     for c in colls[1:]:
         if c is None or c.op is not first.op or c.params != first.params:
@@ -105,46 +105,13 @@ def _lower_collective(b: Builder, colls, maps, devices, cross_device_ops, names)
     xs = [_mapped(maps[d], c.inputs[0]) for d, c in enumerate(colls)]
     for d, x in enumerate(xs[1:], start=1):
         if x.ty != xs[0].ty:   # a user error (e.g. per-example values of uneven shards)
-            from graphdist.errors import ShapeError
-
             raise ShapeError(f"{first.op}: replicas disagree on the value's type: {xs[0].ty} "
                              f"on {devices[0]}, {x.ty} on {devices[d]}; reduce per-example "
                              "values first (e.g. strategy.reduce(op, value, axis=0))"
                              + (f"\n  traced at  {first.source}" if first.source else ""))
-    params = dict(first.params)
-    scope, b.scope = b.scope, "collectives"
-    start = len(b.eqns)
-    if first.op == "all_reduce":
-        results = cross_device_ops.all_reduce(b, xs, params["op"], devices)
-    elif first.op == "broadcast":
-        results = cross_device_ops.broadcast(b, xs, params["source"], devices)
-    else:
-        raise GraphError(f"replicate: no lowering for collective '{first.op}'")
-    b.scope = scope
-    results = _name_lowering(b, start, results, [names[d](c.outputs[0])
-                                                 for d, c in enumerate(colls)])
+    outs = tuple(Var(x.ty, names[d](c.outputs[0]), devices[d])
+                 for d, (x, c) in enumerate(zip(xs, colls)))
+    b.eqns.append(Eqn(first.op, tuple(xs), outs, first.params, device=devices[0],
+                      scope=COLLECTIVES_SCOPE, source=first.source))
     for d, c in enumerate(colls):
-        maps[d][c.outputs[0]] = results[d]
-
-
-def _name_lowering(b: Builder, start: int, results: list, bases: list) -> list:
-    """Name what a lowering made: each device's result takes the logical output's name (so
-    the code after it reads alike on every device), temporaries `<name>.k`; otherwise the
-    printer's letters for them would collide with the replicas' names."""
-    from dataclasses import replace
-
-    final = {r: base for r, base in zip(results, bases)}
-    rename, k = {}, 0
-    for i in range(start, len(b.eqns)):
-        eqn = b.eqns[i]
-        outs = []
-        for v in eqn.outputs:
-            if v.hint is None:
-                hint = final.get(v)
-                if hint is None:
-                    hint, k = f"{bases[0]}.{k}", k + 1
-                rename[v] = Var(v.ty, hint, v.device)
-            outs.append(rename.get(v, v))
-        b.eqns[i] = replace(eqn, inputs=tuple(rename.get(v, v) if isinstance(v, Var) else v
-                                              for v in eqn.inputs), outputs=tuple(outs))
-    return [rename.get(r, r) for r in results]
+        maps[d][c.outputs[0]] = outs[d]

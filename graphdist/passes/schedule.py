@@ -63,4 +63,4 @@ def schedule(g: Graph) -> Graph:
                 raise GraphError(f"schedule: {v.hint or 'a value'} is used before it is defined"
                                  f"\n  in  {eqn}")
         defined.update(eqn.outputs)
-    return replace(g, meta={**g.meta, "liveness": liveness(g)})
+    return replace(g, liveness=liveness(g))

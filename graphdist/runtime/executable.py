@@ -1,6 +1,7 @@
-"""From a logical graph to something callable: place (or replicate) it, schedule it, and
-lower it to one program per device. Several devices run concurrently, one worker thread
-each; a value crossing devices goes through a Channel (an event and a slot)."""
+"""From a Plan (graphdist/pipeline.py) to something callable: lower its placed graph to one
+program per device, or one for all, and run it as the plan's mode says. With "threads"
+several devices run concurrently, one worker thread each; a value crossing devices goes
+through a Channel (an event and a slot)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from graphdist import config
-from graphdist.distribute import context
-from graphdist.errors import TraceError, WorkerError
+from graphdist.distribute.devices import is_gpu
+from graphdist.errors import WorkerError
 from graphdist.ir import Graph, Var
-from graphdist.passes import place, run_passes, schedule
-from graphdist.passes.fuse import fuse_reduce_update
+from graphdist.passes import schedule
 from graphdist.runtime import threads
 from graphdist.runtime.backends import backend_for
 from graphdist.runtime.lower import lower
@@ -64,13 +64,13 @@ def _storage(state: Var, variable):
 def returned_results(placed: Graph, shared_results) -> list[tuple]:
     """The result Vars each replica returns: all of replica 0's, and only the per-replica
     ones of the others (a mirrored result is the same everywhere: returned once)."""
-    r, shared = placed.meta["results_per_replica"], set(shared_results)
+    r, shared = placed.replication.results_per_replica, set(shared_results)
     return [tuple(v for k, v in enumerate(placed.outputs[d * r:(d + 1) * r])
                   if d == 0 or k not in shared) for d in range(len(placed.devices))]
 
 
 def _on_gpu(devices) -> bool:
-    return any(str(d).startswith("gpu") for d in devices)
+    return any(map(is_gpu, devices))
 
 
 def _guarded(program, devices):
@@ -117,8 +117,8 @@ class MultiDeviceExecutable:
         self.returned = returned_results(placed, shared_results)
         self.devices = placed.devices
         self.replicas = len(self.devices)
-        self.args_per_replica = placed.meta["args_per_replica"]
-        self.results_per_replica = placed.meta["results_per_replica"]
+        self.args_per_replica = placed.replication.args_per_replica
+        self.results_per_replica = placed.replication.results_per_replica
         producer = {v: v.device for v in placed.inputs}
         for eqn in placed.eqns:
             producer.update((v, eqn.device) for v in eqn.outputs)
@@ -251,7 +251,7 @@ class MergedExecutable:
         self.replicas = len(self.devices)
         states = merged.inputs[merged.num_args:]
         storage = {s: var.values[k] for s, var, k in
-                   zip(states, merged.variables, merged.meta["components"])}
+                   zip(states, merged.variables, merged.replication.components)}
         program = lower(schedule(merged), backend_for(self.devices[0]), storage,
                         events=[] if profile else None)
         self.program = program
@@ -260,7 +260,7 @@ class MergedExecutable:
         finals = merged.outputs[merged.num_results:]
         self.written = _mirrored(v for v, s, f in zip(merged.variables, states, finals)
                                  if f is not s)
-        batched, shared = merged.meta["batched_results"], set(shared_results)
+        batched, shared = merged.replication.batched_results, set(shared_results)
         self.layout = [[(k, batched[k]) for k in range(len(batched)) if d == 0 or k not in shared]
                        for d in range(self.replicas)]
 
@@ -302,7 +302,7 @@ class SequentialExecutable:
         self.replicas = len(self.devices)
         self.returned = returned_results(placed, shared_results)
         results = tuple(v for per in self.returned for v in per)
-        finals = placed.outputs[self.replicas * placed.meta["results_per_replica"]:]
+        finals = placed.outputs[self.replicas * placed.replication.results_per_replica:]
         whole = schedule(Graph(inputs=placed.inputs, eqns=placed.eqns,
                                outputs=results + finals, variables=placed.variables,
                                devices=placed.devices))
@@ -326,74 +326,17 @@ class SequentialExecutable:
         return out
 
 
-def _device_of(g: Graph) -> str:
-    devices = {v.devices for v in g.variables}
-    if len(devices) > 1:
-        names = ", ".join(f"{v.name} on {list(v.devices)}" for v in g.variables)
-        raise TraceError(f"one step uses variables placed on different devices: {names}")
-    if devices:
-        (devs,) = devices
-        if len(devs) > 1:
-            raise TraceError(f"variables {[v.name for v in g.variables]} are mirrored on "
-                             f"{list(devs)}; run the step through that strategy's run()")
-        return devs[0]
-    return context.get_strategy().devices[0]
-
-
-def compile_graph(g: Graph, profile: bool = False):
-    device = _device_of(g)
-    placed = run_passes(g, [lambda g: place(g, device), schedule])
-    storage = {s: var.values[0] for s, var in zip(placed.inputs[placed.num_args:], g.variables)}
-    return OneDeviceExecutable(placed, lower(placed, backend_for(device), storage,
-                                             events=[] if profile else None))
-
-
-def compile_replicated(graphs: list[Graph], strategy, profile: bool = False,
-                       shared_results=(), shared_args=()):
-    """Replicate one logical graph per replica over the strategy's devices and compile:
-    merged into one program where it can be (see _merged), else per-device copies.
-    `shared_args`: indices of arguments every replica gets the same array for."""
-    for v in graphs[0].variables:
-        if tuple(v.devices) != tuple(strategy.devices):
-            raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
-                             f"on {list(strategy.devices)}; create it under strategy.scope()")
-    merged = _merged(graphs, strategy, shared_args)
-    if merged is not None:
-        return MergedExecutable(merged, profile, shared_results, lambda: _per_device(
-            graphs, strategy, profile, shared_results))
-    return _per_device(graphs, strategy, profile, shared_results)
-
-
-def _per_device(graphs: list[Graph], strategy, profile: bool, shared_results):
-    from graphdist.passes.replicate import replicate
-
-    placed = replicate(graphs, strategy.devices, strategy.cross_device_ops)
-    if _sequential(strategy.devices):
-        if config.fused_kernels() and not _on_gpu(strategy.devices):
-            placed = fuse_reduce_update(placed)
-        return SequentialExecutable(placed, profile, shared_results)
-    return MultiDeviceExecutable(placed, profile, shared_results)
-
-
-def _merged(graphs: list[Graph], strategy, shared_args) -> Graph | None:
-    """The merged graph, where the mode allows it ("merged"; "auto" when the user left the
-    cross-device ops to us), the devices are logical CPU devices (one host's memory) and
-    every replica runs the same graph (even shards)."""
-    from graphdist.passes.merge import CannotMerge, merge_replicas
-
-    mode, devices = config.device_concurrency(), strategy.devices
-    if (not (mode == "merged" or (mode == "auto" and strategy.cross_device_ops_chosen))
-            or _on_gpu(devices) or any(g is not graphs[0] for g in graphs)):
-        return None
-    try:
-        return merge_replicas(graphs[0], devices, shared_args)
-    except CannotMerge as e:
-        config.logger.info("running %d replicas as per-device copies: %s", len(devices), e)
-        return None
-
-
-def _sequential(devices) -> bool:
-    """GPU devices always run from one host thread: their launches are asynchronous and
-    each device's stream runs on its own, so the GPUs overlap without host threads."""
-    mode = config.device_concurrency()
-    return _on_gpu(devices) or mode != "threads"
+def executable(plan, profile: bool = False, shared_results=()):
+    """The callable that runs `plan` (graphdist.pipeline.Plan). `shared_results`: indices of
+    results every replica returns alike (mirrored), returned by replica 0 only."""
+    g = plan.graph
+    if plan.mode == "one_device":
+        storage = {s: var.values[0] for s, var in zip(g.inputs[g.num_args:], g.variables)}
+        return OneDeviceExecutable(g, lower(g, backend_for(g.devices[0]), storage,
+                                            events=[] if profile else None))
+    if plan.mode == "merged":
+        return MergedExecutable(g, profile, shared_results,
+                                lambda: executable(plan.per_device(), profile, shared_results))
+    if plan.mode == "threads":
+        return MultiDeviceExecutable(g, profile, shared_results)
+    return SequentialExecutable(g, profile, shared_results)

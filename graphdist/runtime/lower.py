@@ -37,7 +37,7 @@ class _Lowering:
         self.streams = StreamOrder(self) if backend.ordered else None
         self.storage = storage            # state input Var -> the variable's component array
         self.fused = fused
-        self.live = g.meta.get("liveness") or liveness(g)
+        self.live = g.liveness or liveness(g)
         if self.exports:   # another device reads these whenever it gets there: never reuse
             last_use = dict(self.live.last_use)
             for v in self.exports:

@@ -15,7 +15,9 @@ def chrome_trace(executable, name: str = "step") -> dict:
     starts = [e[1] for p in programs for e in p.events]
     origin = min(starts) if starts else 0.0
     index = {id(eqn): i for i, eqn in enumerate(executable.graph.eqns)}
-    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"graphdist {name}"}}]
+    graph = executable.graph
+    label = f"graphdist {name}" + (" (replicas merged)" if graph.merged else "")
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": label}}]
     lanes = {device: lane for lane, device in enumerate(executable.devices)}
     for device, lane in lanes.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": lane,
@@ -37,7 +39,11 @@ def chrome_trace(executable, name: str = "step") -> dict:
                 "args": {"node": index.get(id(eqn), i), "device": device, "scope": eqn.scope,
                          "eqn": eqn_text(eqn), "flops": flops, "bytes": nbytes,
                          "source": eqn.source}})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    mode = "one device" if len(graph.devices) < 2 else ("merged" if graph.merged
+                                                           else "per-device")
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"function": name, "devices": list(graph.devices), "mode": mode,
+                          "note": graph.mode_note() or f"{mode}: one lane per device"}}
 
 
 def write_trace(trace: dict, path) -> str:

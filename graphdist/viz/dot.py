@@ -3,7 +3,8 @@ multi-device collectives between the clusters, collectives and cross-device copi
 
 from __future__ import annotations
 
-from graphdist.viz.model import COLLECTIVES_SCOPE, read
+from graphdist.ir import COLLECTIVES_SCOPE
+from graphdist.viz.model import read
 
 COLORS = {"op": "#e8eef6", "arg": "#dff0e1", "state": "#ebe3f5", "collective": "#c2255c",
           "copy": "#e8590c"}

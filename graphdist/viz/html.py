@@ -71,6 +71,7 @@ def page_data(g, title: str | None = None) -> dict:
     data["stats"] = (f"{len(g.eqns):,} eqns · {len(view.lanes)} lane"
                      f"{'s' if len(view.lanes) > 1 else ''} · {human_count(flops)} FLOPs · "
                      f"{len(colls)} collective/copy nodes · {human_bytes(moved)} moved")
+    data["banner"] = g.mode_note()
     return data
 
 

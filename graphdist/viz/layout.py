@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphdist.viz.model import COLLECTIVES_SCOPE, View
+from graphdist.ir import COLLECTIVES_SCOPE
+from graphdist.viz.model import View
 
 OPEN_BUDGET = 400   # groups open by default while the visible items stay under this
 STACK_CELL, STACK_MIN = 8, 4   # a column cell above 8 items folds each op with 4 or more

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphdist.ir import Graph, Var
+from graphdist.ir import COLLECTIVES_SCOPE, Graph, Var
 from graphdist.ir.printer import Namer, param_text
 
-COLLECTIVES_SCOPE = "collectives"   # where replicate puts the steps of a lowered collective
 KINDS = ("arg", "state", "op", "collective", "copy")
 
 

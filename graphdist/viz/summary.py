@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 from graphdist.ir import Graph
-from graphdist.viz.model import COLLECTIVES_SCOPE, human_bytes, human_count, read
+from graphdist.ir import COLLECTIVES_SCOPE
+from graphdist.viz.model import human_bytes, human_count, read
 
 
 def peak_bytes(g: Graph) -> dict:
@@ -111,7 +112,7 @@ def summary(g: Graph, max_ops: int = 30) -> str:
     label = ["logical" if d is None else str(d) for d in lanes]
     head = f"graph: {s['eqns']} eqns, {s['inputs']} inputs"
     head += f" on {len(lanes)} devices" if lanes != [None] else " (logical, not placed)"
-    lines = [head, ""]
+    lines = [head] + ([g.mode_note()] if g.merged else []) + [""]
     total = Counter()
     for c in s["ops"].values():
         total.update(c)

@@ -414,6 +414,10 @@ window.addEventListener("error", function (ev) {
   // ---------------------------------------------------------------- start
   document.getElementById("title").textContent = D.title;
   document.getElementById("stats").textContent = D.stats;
+  if (D.banner) {                       // the replicas run merged: say so plainly
+    var banner = document.getElementById("banner");
+    banner.textContent = D.banner; banner.hidden = false;
+  }
   relayout(); cw = canvas.clientWidth; ch = canvas.clientHeight; resize(); initial();
   var hash = decodeURIComponent(location.hash.slice(1));   // page.html#q=all_reduce
   if (hash.indexOf("q=") === 0) { search.value = hash.slice(2); runSearch(); step(1); }

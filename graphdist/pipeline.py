@@ -1,0 +1,155 @@
+"""The compile pipeline: every stage from a traced graph to the placed graph that runs.
+
+    traced graph
+      -> logical passes      dce, cse, simplify, cse, dce, fuse_optimizer (fused kernels on)
+      -> place               one device; or
+         replicate           one copy per device, each collective one N-way node; or
+         merge               opt-in ("merged"): logical CPU replicas as one batched program
+      -> lower_collectives   each N-way collective becomes what runs (passes/collectives)
+      -> fuse_reduce_update  host all-reduce + every replica's optimizer update, one pass
+      -> schedule            order and buffer liveness
+      => Plan: the placed graph and how the runtime issues it
+
+Every stage is a Graph -> Graph function run through `passes.run_passes`, so
+GRAPHDIST_CHECK=1, GRAPHDIST_DEBUG=2 and the stage timings see all of them, and a Plan keeps
+the graph after each stage (`f.get_stages()`, `graphdist show --stages`). The decisions
+about replication are made here; the runtime only runs the Plan it is handed.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from graphdist import config
+from graphdist.distribute.devices import is_gpu
+from graphdist.errors import TraceError
+from graphdist.ir import Graph
+from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code, place,
+                              run_passes, schedule)
+from graphdist.passes.collectives import lower_collectives
+from graphdist.passes.core import Stage
+from graphdist.passes.fuse import fuse_optimizer, fuse_reduce_update
+from graphdist.passes.replicate import replicate
+from graphdist.passes.simplify import simplify
+
+# how a placed graph is issued: one device; per-device copies in one program or one thread
+# each; or the replicas merged into one batched program (passes/merge.py)
+MODES = ("one_device", "sequential", "threads", "merged")
+
+
+@dataclass
+class Plan:
+    """What the runtime is handed: the placed graph, how to issue it, and how it was made."""
+
+    graph: Graph
+    mode: str
+    stages: list[Stage] = field(default_factory=list)
+    # merged plans: the per-device plan of the same step, built when a merged step fails
+    # so that the error can name the failing replica
+    per_device: object = None
+
+
+def stage(name: str, fn):
+    """`fn` under the stage name that records, debug dumps and timings show."""
+    @functools.wraps(fn)
+    def run(g: Graph) -> Graph:
+        return fn(g)
+
+    run.__name__ = name
+    return run
+
+
+def logical_passes() -> list:
+    passes = [stage("dce", eliminate_dead_code), stage("cse", eliminate_common_subexpressions),
+              simplify,
+              stage("cse.2", eliminate_common_subexpressions),
+              stage("dce.2", eliminate_dead_code)]
+    if config.fused_kernels():
+        passes.append(fuse_optimizer)
+    return passes
+
+
+def logical(traced: Graph, stages: list | None = None) -> Graph:
+    """The logical (one-replica) graph: the traced graph through the logical passes."""
+    if stages is not None:
+        stages.append(Stage("trace", traced, 0.0))
+    return run_passes(traced, logical_passes(), record=stages)
+
+
+def device_of(g: Graph, default: str) -> str:
+    """The one device a step without a strategy runs on: its variables'."""
+    devices = {v.devices for v in g.variables}
+    if len(devices) > 1:
+        names = ", ".join(f"{v.name} on {list(v.devices)}" for v in g.variables)
+        raise TraceError(f"one step uses variables placed on different devices: {names}")
+    if devices:
+        (devs,) = devices
+        if len(devs) > 1:
+            raise TraceError(f"variables {[v.name for v in g.variables]} are mirrored on "
+                             f"{list(devs)}; run the step through that strategy's run()")
+        return devs[0]
+    return default
+
+
+def one_device(g: Graph, device: str, stages: list | None = None) -> Plan:
+    stages = [] if stages is None else stages
+    placed = run_passes(g, [stage("place", lambda g: place(g, device)), schedule],
+                        record=stages)
+    return Plan(placed, "one_device", stages)
+
+
+def replicated(graphs: list[Graph], strategy, shared_args=(),
+               stages: list | None = None) -> Plan:
+    """graphs[d]: replica d's logical graph (they differ only where shards differ in shape).
+    Per-device copies unless the user opted into merging and it applies."""
+    stages = [] if stages is None else stages
+    devices = tuple(strategy.devices)
+    for v in graphs[0].variables:
+        if tuple(v.devices) != devices:
+            raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
+                             f"on {list(devices)}; create it under strategy.scope()")
+    mode = config.device_concurrency()
+    if mode == "merged" and not any(map(is_gpu, devices)):
+        merged = _merged(graphs, devices, shared_args, stages)
+        if merged is not None:
+            merged.per_device = functools.partial(_per_device, graphs, strategy, "sequential")
+            return merged
+    gpu = any(map(is_gpu, devices))
+    return _per_device(graphs, strategy, "threads" if mode == "threads" and not gpu
+                       else "sequential", stages)
+
+
+def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan:
+    stages = [] if stages is None else stages
+    devices = tuple(strategy.devices)
+    passes = [stage("replicate", lambda _: replicate(graphs, devices)),
+              stage("lower_collectives",
+                    lambda g: lower_collectives(g, strategy.cross_device_ops))]
+    # the fused node reads every replica's buffers in one pass: host devices run as one
+    # program, where all of them are at hand
+    if config.fused_kernels() and mode == "sequential" and not any(map(is_gpu, devices)):
+        passes.append(fuse_reduce_update)
+    passes.append(schedule)
+    return Plan(run_passes(graphs[0], passes, record=stages), mode, stages)
+
+
+def _merged(graphs, devices, shared_args, stages: list) -> Plan | None:
+    """The merged plan, or None (logged) where the step cannot merge: uneven shards, or a
+    per-replica value written to a mirrored variable."""
+    from graphdist.passes.merge import CannotMerge, merge_replicas
+
+    if any(g is not graphs[0] for g in graphs):
+        config.logger.info("running %d replicas as per-device copies: shards differ in shape",
+                           len(devices))
+        return None
+    attempt: list = []
+    try:
+        merged = run_passes(graphs[0], [
+            stage("merge", lambda g: merge_replicas(g, devices, shared_args)), schedule],
+            record=attempt)
+    except CannotMerge as e:
+        config.logger.info("running %d replicas as per-device copies: %s", len(devices), e)
+        return None
+    stages += attempt
+    return Plan(merged, "merged", stages)
