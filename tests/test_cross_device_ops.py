@@ -11,7 +11,8 @@ import pytest
 import graphdist as gd
 from graphdist.distribute import cross_device_ops as cdo
 from graphdist.ir import ArrayType, Var
-from graphdist.ops import OPS, host_collectives
+from graphdist.ops import OPS
+from graphdist.runtime import kernel_table
 from graphdist.ops.host_collectives import host_all_reduce_ref
 from graphdist.passes import collectives
 from graphdist.passes.builder import Builder
@@ -191,7 +192,7 @@ def test_hierarchical_groups_and_copies():
 
 @pytest.mark.parametrize("parallel", [True, False])
 def test_host_all_reduce_is_one_node_and_no_copies(parallel, monkeypatch):
-    monkeypatch.setattr(host_collectives, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
+    monkeypatch.setattr(kernel_table, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
     g = _graph_of(cdo.HostAllReduce(), shape=(64, 100))   # 25 KiB: the kernel's buffers
     fused = [e for e in g.eqns if e.op == "host_all_reduce"]
     assert len(fused) == 1 and not _edges(g)
@@ -209,7 +210,7 @@ def test_host_all_reduce_is_one_node_and_no_copies(parallel, monkeypatch):
 @pytest.mark.parametrize("size", [0, 1, 4097, 3 * 65536 + 5])
 @pytest.mark.parametrize("op", ["sum", "mean"])
 def test_host_kernel_matches_its_reference(dtype, size, op, parallel, monkeypatch):
-    monkeypatch.setattr(host_collectives, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
+    monkeypatch.setattr(kernel_table, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
     rng = np.random.default_rng(size)
     xs = [rng.standard_normal(size).astype(dtype) for _ in range(3)]
     keep = [x.copy() for x in xs]
@@ -303,7 +304,7 @@ def test_host_all_reduce_runs_in_place_on_dying_buckets_in_a_training_step():
             env = program.fn.__globals__
             line = next(x for x in program.source.splitlines() if x.lstrip().startswith("O")
                         and "((" in x and env[x.split("(")[0].strip()].func.__name__
-                        == "_host_all_reduce_out")
+                        == "host_all_reduce_cpu")
             outs = line.split("((")[1].split(")")[0].rstrip(",").split(", ")
             assert all(o.startswith("B") for o in outs)
             bucket_bufs = [a for a in env if a.startswith("B") and env[a].shape == (64, 128)]

@@ -85,9 +85,9 @@ def test_the_node_reference_matches_its_kernel():
               "weight_decay": 0.0}
     node = OPS["host_reduce_update"]
     want = node.impl(np, *ins, **params)                 # numpy: reduce, then update
-    from graphdist.ops.host_collectives import reduce_update_cpu_kernel
+    from graphdist.runtime.kernel_table import reduce_update_cpu
 
-    reduce_update_cpu_kernel(*ins, **params)             # in place on ins
+    reduce_update_cpu(*ins, **params)             # in place on ins
     got = [ins[2 + k * 2 * n + j * 2 + o] for k in range(2) for j in range(n) for o in range(2)]
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)

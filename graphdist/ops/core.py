@@ -23,7 +23,8 @@ class Symbolic:
 
 
 class Op:
-    """Everything graphdist knows about one op: shape rule, impl, vjp, cost and kernels."""
+    """What one op means: shape rule, impl, vjp, batching and cost rules. Which kernel runs
+    it on which device is the runtime's business (runtime/kernel_table.py)."""
 
     def __init__(self, name: str, *, num_outputs: int = 1, elementwise: bool = False,
                  collective: bool = False, stateful: bool = False, view: bool = False,
@@ -50,7 +51,6 @@ class Op:
         # batch_rule(bx, *ins, **params): the op on all replicas at once, stacked on a
         # leading axis (passes/merge.py); elementwise ops need none
         self.batch_rule = None
-        self.kernels: dict[str, str] = {}
         OPS[name] = self
 
     def __str__(self) -> str:
@@ -93,9 +93,6 @@ class Op:
     def def_batch(self, fn):
         self.batch_rule = fn
         return fn
-
-    def def_kernel(self, backend: str, path: str) -> None:
-        self.kernels[backend] = path
 
     def out_types(self, *in_types: ArrayType, **params) -> tuple[ArrayType, ...]:
         out = self.shape_rule(*in_types, **params)
@@ -171,9 +168,13 @@ def bind(op: Op, /, *args, **params):
 
 def run_eagerly(op: Op, args: tuple, params: dict):
     arrays = [a.eager_value() if isinstance(a, Symbolic) else a for a in args]
-    arrays = [np.asarray(a) for a in resolve_scalars(op, tuple(arrays))]
-    for a in arrays:
-        as_dtype(a.dtype)
+    arrays = resolve_scalars(op, tuple(arrays))
+    try:                         # name the op whose argument is no array (a PerReplica, say)
+        arrays = [np.asarray(a) for a in arrays]
+        for a in arrays:
+            as_dtype(a.dtype)
+    except TypeError as e:
+        raise TypeError(f"{op.name}: {e}") from None
     op.out_types(*(ArrayType(a.shape, a.dtype) for a in arrays), **params)
     out = op.impl(np, *arrays, **params)
     if op.num_outputs == 1:
@@ -215,16 +216,21 @@ def require_float(op_name: str, ty: ArrayType) -> None:
         raise TypeError(f"{op_name}: expected a float tensor, got {ty}; use gd.cast first")
 
 
-def normalize_axis(op_name: str, axis, ndim: int) -> tuple[int, ...]:
-    """Axis argument -> sorted tuple of non-negative axes; None means all."""
+def normalize_axis(op_name: str, axis, ndim: int, shape=None) -> tuple[int, ...]:
+    """Axis argument -> sorted tuple of non-negative axes; None means all. `shape`, the
+    operand's, goes into the error message."""
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    of = f"the operand of shape {tuple(shape)}" if shape is not None else f"rank {ndim}"
     out = []
     for a in axes:
         if not -ndim <= a < ndim:
-            raise ShapeError(f"{op_name}: axis {a} is out of range for rank {ndim}")
+            why = f" (the result has rank {ndim})" if shape is not None and len(shape) != ndim \
+                else ""
+            raise ShapeError(f"{op_name}: axis {a} is out of range for {of}: expected "
+                             f"{-ndim} <= axis < {ndim}{why}")
         out.append(int(a) % ndim)
     if len(set(out)) != len(out):
-        raise ShapeError(f"{op_name}: repeated axis in {axis}")
+        raise ShapeError(f"{op_name}: repeated axis in {axis} for {of}")
     return tuple(sorted(out))

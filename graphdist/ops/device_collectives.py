@@ -5,7 +5,7 @@ by `NcclAllReduce` when it lowers an all_reduce, never by user code.
 It queues each device's part on that device's own stream and orders the streams itself, so
 the lowering adds no events around it (`orders_own_streams`). Replicas that share a
 physical GPU are summed there by one kernel; the partial sums of the physical GPUs are then
-all-reduced with NCCL (see graphdist/runtime/gpu_collectives.py).
+all-reduced with NCCL (runtime/gpu_collectives.py, listed in runtime/kernel_table.py).
 """
 
 from __future__ import annotations
@@ -26,4 +26,3 @@ nccl_all_reduce_p.def_out(lambda xp, outs, *xs, op, devices:
                           host_all_reduce_p.out_impl(xp, outs, *xs, op=op), may_alias=True)
 nccl_all_reduce_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
                                                    2 * sum(t.nbytes for t in ins)))
-nccl_all_reduce_p.def_kernel("gpu", "graphdist.runtime.gpu_collectives:nccl_all_reduce")

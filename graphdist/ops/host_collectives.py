@@ -1,18 +1,13 @@
 """Fused host collectives: one placed node that reads every replica's host buffer and writes
 every replica's result in one parallel pass (the CPU counterpart of an NCCL node). Made by
-`HostAllReduce` when it lowers an all_reduce, never by user code; the Numba kernel is compiled
-on first use, so importing this module does not import numba.
+the "host" lowering of an all_reduce (passes/collectives.py), never by user code. What runs
+them on CPU devices, a parallel Numba kernel, is in runtime/kernel_table.py.
 """
 
 from __future__ import annotations
 
 from graphdist.ops.collectives import reduce_types
 from graphdist.ops.core import Op
-
-# below this many input bytes a few numpy passes over buffers still in cache beat waking a
-# thread team. With OpenMP threads waiting passively and logical CPU devices run as one
-# program, the kernel wins from about 1 MiB (4 x 7.1 MiB: 2.0 ms vs 2.9 ms for numpy).
-PARALLEL_MIN_BYTES = 1 << 20
 
 # inputs: one flat buffer per replica (each on its device); outputs: one result per replica,
 # each a Var on its replica's device, all written by the eqn's device.
@@ -35,27 +30,14 @@ def _host_all_reduce_impl(xp, *xs, op):   # xs: n x (size,)
 
 @host_all_reduce_p.def_out(may_alias=True)   # outs[k] may be xs[k]: chunk-wise in place
 def _host_all_reduce_out(xp, outs, *xs, op):   # outs: n x (size,), one per replica
-    if xp.__name__ != "numpy" or sum(x.nbytes for x in xs) < PARALLEL_MIN_BYTES:
-        acc = outs[0]                           # a few passes over buffers still in cache
-        xp.copyto(acc, xs[0])
-        for x in xs[1:]:
-            xp.add(acc, x, out=acc)
-        if op == "mean":
-            xp.divide(acc, acc.dtype.type(len(xs)), out=acc)
-        for out in outs[1:]:
-            xp.copyto(out, acc)
-        return
-    import numba
-
-    from graphdist.kernels.reduce import all_reduce_cpu
-
-    # the other replicas wait for this node, so it may use every core, not one worker's share
-    before = numba.get_num_threads()
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-    try:
-        all_reduce_cpu([xp.ascontiguousarray(x) for x in xs], op, outs=outs)
-    finally:
-        numba.set_num_threads(before)
+    acc = outs[0]                               # a few passes over buffers still in cache
+    xp.copyto(acc, xs[0])
+    for x in xs[1:]:
+        xp.add(acc, x, out=acc)
+    if op == "mean":
+        xp.divide(acc, acc.dtype.type(len(xs)), out=acc)
+    for out in outs[1:]:
+        xp.copyto(out, acc)
 
 
 host_all_reduce_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
@@ -154,16 +136,13 @@ def _reduce_update_inplace(params) -> dict:
 host_reduce_update_p.inplace = _reduce_update_inplace
 host_reduce_update_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in outs),
                                                       sum(t.nbytes for t in ins + outs)))
-host_reduce_update_p.def_kernel("cpu", "graphdist.ops.host_collectives:reduce_update_cpu_kernel")
 
 
-def reduce_update_cpu_kernel(*ins, update, reduce, offsets, replicas, n, **hyper):
-    """The fused kernel over the node's inputs (updated in place)."""
-    from graphdist.kernels.reduce_update import reduce_adam_cpu, reduce_sgd_cpu
-
+def update_inputs(ins, update: str, replicas: int, n: int):
+    """A host_reduce_update node's inputs as its kernel takes them: the R buckets, one list
+    per kept input kind (p, m[, v]) over every replica's tensors, and the shared rates."""
     params = {"update": update, "replicas": replicas, "n": n}
     multi, kept, _ = _update_parts(params)
-    bufs = ins[:replicas]
     lists = [[] for _ in range(kept)]
     rates = []
     for full in _replica_inputs(ins, params):
@@ -171,12 +150,4 @@ def reduce_update_cpu_kernel(*ins, update, reduce, offsets, replicas, n, **hyper
             for q in range(kept):
                 lists[q].append(full[j * multi.k + q])
         rates += full[n * multi.k:]
-    if update == "adam_multi_update":
-        reduce_adam_cpu(bufs, offsets, *lists, rates, reduce, hyper["beta_1"], hyper["beta_2"],
-                        hyper["epsilon"], hyper["lr"] * hyper["weight_decay"])
-    elif update == "sgd_momentum_multi_update":
-        reduce_sgd_cpu(bufs, offsets, lists[0], lists[1], reduce, hyper["lr"], hyper["momentum"],
-                       hyper["nesterov"], hyper["weight_decay"])
-    else:
-        reduce_sgd_cpu(bufs, offsets, lists[0], None, reduce, hyper["lr"], 0.0, False,
-                       hyper["weight_decay"])
+    return ins[:replicas], lists, rates

@@ -184,13 +184,8 @@ def _where_shape(cond, x, y):
 where_p.def_impl(lambda xp, c, x, y: xp.where(c, x, y))
 
 
-@where_p.def_out   # never aliased: the one-pass select vectorizes only on distinct buffers
+@where_p.def_out   # never aliased: the CPU's one-pass select vectorizes only on distinct buffers
 def _where_out(xp, out, c, x, y):
-    if xp is np:
-        from graphdist.kernels.select import select_cpu
-
-        if select_cpu(c, x, y, out):
-            return
     xp.copyto(out, y, where=xp.logical_not(c))
     xp.copyto(out, x, where=c)
 
@@ -212,7 +207,7 @@ def _reduce(name: str, fn: str, floats_only=False) -> Op:
             require_float(name, x)
         if name == "reduce_sum" and x.dtype.kind == "b":
             raise TypeError(f"reduce_sum: cannot sum a bool tensor {x}; gd.cast it first")
-        axes = normalize_axis(name, axis, x.ndim)
+        axes = normalize_axis(name, axis, x.ndim, x.shape)
         if name == "reduce_max" and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{name}: cannot reduce an empty axis of {x}")
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)

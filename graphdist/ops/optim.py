@@ -77,34 +77,10 @@ def _adam_impl(xp, p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_deca
     return p - lr_t * m / (xp.sqrt(v) + dt(epsilon)), m, v
 
 
-# ---------------------------------------------------------------- in-place kernels
-# Each adapter takes the op's inputs in op order and updates the donated buffers in place
-# (outputs -> inputs in `inplace`); graphdist.kernels is imported only when one runs.
-
-def sgd_cpu_kernel(p, g, *, lr, weight_decay):
-    from graphdist.kernels.sgd import sgd_cpu
-
-    sgd_cpu(p, g, None, lr, 0.0, False, weight_decay)
-
-
-def momentum_cpu_kernel(p, m, g, *, lr, momentum, nesterov, weight_decay):
-    from graphdist.kernels.sgd import sgd_cpu
-
-    sgd_cpu(p, g, m, lr, momentum, nesterov, weight_decay)
-
-
-def adam_cpu_kernel(p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
-    from graphdist.kernels.adam import adam_cpu
-
-    adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, lr * weight_decay)
-
-
+# the fused kernels (runtime/kernel_table.py) update these inputs in place: output -> input
 sgd_p.inplace = {0: 0}
 momentum_p.inplace = {0: 0, 1: 1}
 adam_p.inplace = {0: 0, 1: 1, 2: 2}
-sgd_p.def_kernel("cpu", "graphdist.ops.optim:sgd_cpu_kernel")
-momentum_p.def_kernel("cpu", "graphdist.ops.optim:momentum_cpu_kernel")
-adam_p.def_kernel("cpu", "graphdist.ops.optim:adam_cpu_kernel")
 
 
 # ---------------------------------------------------------------- multi-tensor forms
@@ -158,79 +134,3 @@ class MultiTensor:
 sgd_multi = MultiTensor(sgd_p, 2, 0)
 momentum_multi = MultiTensor(momentum_p, 3, 0)
 adam_multi = MultiTensor(adam_p, 4, 1)
-
-
-def sgd_multi_cpu_kernel(*arrays, n, lr, weight_decay):
-    from graphdist.kernels.sgd import sgd_multi_cpu
-
-    sgd_multi_cpu(arrays[0:2 * n:2], arrays[1:2 * n:2], None, lr, 0.0, False, weight_decay)
-
-
-def momentum_multi_cpu_kernel(*arrays, n, lr, momentum, nesterov, weight_decay):
-    from graphdist.kernels.sgd import sgd_multi_cpu
-
-    sgd_multi_cpu(arrays[0:3 * n:3], arrays[2:3 * n:3], arrays[1:3 * n:3], lr, momentum,
-                  nesterov, weight_decay)
-
-
-def adam_multi_cpu_kernel(*arrays, n, lr, beta_1, beta_2, epsilon, weight_decay):
-    from graphdist.kernels.adam import adam_multi_cpu
-
-    adam_multi_cpu(arrays[0:4 * n:4], arrays[3:4 * n:4], arrays[1:4 * n:4], arrays[2:4 * n:4],
-                   arrays[4 * n], beta_1, beta_2, epsilon, lr * weight_decay)
-
-
-sgd_multi.op.def_kernel("cpu", "graphdist.ops.optim:sgd_multi_cpu_kernel")
-momentum_multi.op.def_kernel("cpu", "graphdist.ops.optim:momentum_multi_cpu_kernel")
-adam_multi.op.def_kernel("cpu", "graphdist.ops.optim:adam_multi_cpu_kernel")
-
-
-# ---------------------------------------------------------------- GPU kernels
-# The same updates on gpu:N devices: the CUDA kernels of graphdist.kernels, launched on the
-# stream of the device running the node (kernels run in place on the donated buffers).
-
-def _stream():
-    from graphdist.runtime.gpu import current_numba_stream
-
-    return current_numba_stream()
-
-
-def sgd_multi_gpu_kernel(*arrays, n, lr, weight_decay):
-    from graphdist.kernels.sgd import sgd_multi_gpu
-
-    sgd_multi_gpu(arrays[0:2 * n:2], arrays[1:2 * n:2], None, lr, 0.0, False, weight_decay,
-                  stream=_stream())
-
-
-def momentum_multi_gpu_kernel(*arrays, n, lr, momentum, nesterov, weight_decay):
-    from graphdist.kernels.sgd import sgd_multi_gpu
-
-    sgd_multi_gpu(arrays[0:3 * n:3], arrays[2:3 * n:3], arrays[1:3 * n:3], lr, momentum,
-                  nesterov, weight_decay, stream=_stream())
-
-
-def adam_multi_gpu_kernel(*arrays, n, lr, beta_1, beta_2, epsilon, weight_decay):
-    from graphdist.kernels.adam import adam_multi_gpu
-
-    adam_multi_gpu(arrays[0:4 * n:4], arrays[3:4 * n:4], arrays[1:4 * n:4], arrays[2:4 * n:4],
-                   arrays[4 * n], beta_1, beta_2, epsilon, lr * weight_decay, stream=_stream())
-
-
-def sgd_gpu_kernel(p, g, *, lr, weight_decay):
-    sgd_multi_gpu_kernel(p, g, n=1, lr=lr, weight_decay=weight_decay)
-
-
-def momentum_gpu_kernel(p, m, g, *, lr, momentum, nesterov, weight_decay):
-    momentum_multi_gpu_kernel(p, m, g, n=1, lr=lr, momentum=momentum, nesterov=nesterov,
-                              weight_decay=weight_decay)
-
-
-def adam_gpu_kernel(p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
-    adam_multi_gpu_kernel(p, m, v, g, lr_t, n=1, lr=lr, beta_1=beta_1, beta_2=beta_2,
-                          epsilon=epsilon, weight_decay=weight_decay)
-
-
-for _op, _name in [(sgd_p, "sgd"), (momentum_p, "momentum"), (adam_p, "adam")]:
-    _op.def_kernel("gpu", f"graphdist.ops.optim:{_name}_gpu_kernel")
-for _multi, _name in [(sgd_multi, "sgd"), (momentum_multi, "momentum"), (adam_multi, "adam")]:
-    _multi.op.def_kernel("gpu", f"graphdist.ops.optim:{_name}_multi_gpu_kernel")

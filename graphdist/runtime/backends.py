@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import sys
 
 import numpy as np
+
+from graphdist.runtime.kernel_table import KERNELS, OUT_KERNELS
 
 
 class Backend:
     """What the lowering and the variables need from a device."""
 
-    kind = "cpu"          # the key into Op.kernels
+    kind = "cpu"          # the key into runtime/kernel_table.py
     xp = np               # numpy or cupy
     ordered = False       # True: work is queued on a stream; cross-device reads need events
 
@@ -50,17 +51,19 @@ class Backend:
         return contextlib.nullcontext()
 
     def kernel(self, op):
-        path = op.kernels.get(self.kind)
-        return resolve(path) if path else None
+        """The kernel that runs `op` here, if one is listed (runtime/kernel_table.py)."""
+        return KERNELS.get((self.kind, op.name))
+
+    def out_impl(self, op):
+        """`fn(out, *inputs, **params)` writing `op`'s result into `out`: a kernel listed
+        for this device kind, else the op's generic out_impl on this array module."""
+        fn = OUT_KERNELS.get((self.kind, op.name))
+        if fn is None and op.out_impl is not None:
+            fn = functools.partial(op.out_impl, self.xp)
+        return fn
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device!r})"
-
-
-@functools.cache
-def resolve(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 CPU = Backend()

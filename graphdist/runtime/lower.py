@@ -207,6 +207,7 @@ class _Lowering:
             return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
         kernel = backend.kernel(op) if (self.fused or not op.inplace) else None
+        out_impl = backend.out_impl(op)
         if kernel is not None and op.inplace:
             self.lower_inplace(i, eqn, kernel, params)
             return
@@ -220,18 +221,18 @@ class _Lowering:
             fn = self.glob("U", getattr(xp, op.ufunc))
             self.emit(f"{fn}({args}, out={buf})", eqn)
             self.bind_buffer(out, buf)
-        elif big and op.out_impl is not None:
+        elif big and out_impl is not None:
             buf = self.buffer_for(eqn, i, out)
-            fn = self.glob("O", functools.partial(op.out_impl, xp, **params))
+            fn = self.glob("O", functools.partial(out_impl, **params))
             self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
             self.bind_buffer(out, buf)
-        elif more and (kernel is not None or op.out_impl is not None and not op.elementwise
+        elif more and (kernel is not None or out_impl is not None and not op.elementwise
                        and all(v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs)):
             # several outputs: out_impl(xp, (out0, out1, ...), *ins), or the device's kernel
             bufs = [self.fresh_buffer(v) if v in self.returned else self.buffer_for(eqn, i, v, k)
                     for k, v in enumerate(eqn.outputs)]
             fn = self.glob("O", functools.partial(kernel, **params) if kernel is not None
-                           else functools.partial(op.out_impl, xp, **params))
+                           else functools.partial(out_impl, **params))
             self.emit(f"{fn}(({', '.join(bufs)},){', ' if args else ''}{args})", eqn)
             for v, buf in zip(eqn.outputs, bufs):
                 if buf.startswith("v"):
