@@ -56,24 +56,25 @@ class Compiled:
     """One signature's trace: the logical graph (replica 0's), the pipeline's plan and its
     executable, plus how call arguments feed it and how its results come back."""
 
-    def __init__(self, graph: Graph, out_tree, out_kinds: list, plan, feeds: list,
-                 shared_results=()):
+    def __init__(self, graph: Graph, out_tree, out_kinds: list, plan, variables: dict,
+                 feeds: list, shared_results=()):
         from graphdist.runtime.executable import executable
 
         self.graph = graph
         self.plan = plan
+        self.variables = variables             # StateRef -> Variable: the storage
         self.shared_results = shared_results   # results returned by replica 0 only
         self.out_tree = out_tree
         # per output leaf: ("static", value) | ("mirrored",) | ("per_replica",)
         self.out_kinds = out_kinds
-        self.executable = executable(plan, shared_results=shared_results)
+        self.executable = executable(plan, variables, shared_results=shared_results)
         self.feeds = feeds           # per replica: indices of the call's leaves it takes
         self.profiled = None         # the instrumented executable, built on first profile
 
     def rebuild(self, profile: bool):
         from graphdist.runtime.executable import executable
 
-        return executable(self.plan, profile, self.shared_results)
+        return executable(self.plan, self.variables, profile, self.shared_results)
 
     @property
     def replicated_graph(self) -> Graph:
@@ -234,9 +235,11 @@ class Function:
         n_args = _replica_count(index_tree)
         view = _view(index_tree, 0) if n_args else index_tree
         stages: list = []
-        graph, out_tree, out_kinds, strategy = self._trace(view, leaves, specs, stages)
+        variables: dict = {}
+        graph, out_tree, out_kinds, strategy = self._trace(view, leaves, specs, variables,
+                                                           stages)
         if strategy is None:   # no strategy.run, but mirrored variables: their strategy
-            found = {v._strategy for v in graph.variables if len(v.devices) > 1}
+            found = {v._strategy for v in variables.values() if len(v.devices) > 1}
             strategy = found.pop() if len(found) == 1 else None
         n = strategy.num_replicas_in_sync if strategy is not None else 1
         if n_args and n_args != n:
@@ -245,7 +248,8 @@ class Function:
         if n == 1:
             device = pipeline.device_of(graph, get_strategy().devices[0])
             plan = pipeline.one_device(graph, device, stages)
-            return Compiled(graph, out_tree, out_kinds, plan, [self._feed(view, specs)], ())
+            return Compiled(graph, out_tree, out_kinds, plan, variables,
+                            [self._feed(view, specs)])
         views = [_view(index_tree, r) for r in range(n)] if n_args else [index_tree] * n
         by_shapes = {}
         graphs = []
@@ -255,21 +259,22 @@ class Function:
             if r == 0:
                 by_shapes[shapes] = graph
             elif shapes not in by_shapes:      # an uneven shard: trace its shapes too
-                by_shapes[shapes] = self._trace(v, leaves, specs)[0]
+                by_shapes[shapes] = self._trace(v, leaves, specs, variables)[0]
             graphs.append(by_shapes[shapes])
         shared = [k for k, kind in enumerate(r for r in out_kinds if r[0] != "static")
                   if kind[0] == "mirrored"]
         feeds = [self._feed(v, specs) for v in views]
         same_array = [i for i, leaf in enumerate(feeds[0]) if all(f[i] == leaf for f in feeds)]
         plan = pipeline.replicated(graphs, strategy, same_array, stages)
-        return Compiled(graph, out_tree, out_kinds, plan, feeds, shared)
+        return Compiled(graph, out_tree, out_kinds, plan, variables, feeds, shared)
 
     @staticmethod
     def _feed(view, specs) -> list:
         indices, _, _ = flatten(view)
         return [i for i in indices if specs[i][0] == "array"]
 
-    def _trace(self, view, leaves, specs, stages: list | None = None):
+    def _trace(self, view, leaves, specs, variables: dict, stages: list | None = None):
+        """Trace `fn` on `view`; the Variables it captured are added to `variables`."""
         from graphdist.distribute.values import LocalValue
 
         indices, paths, view_tree = flatten(view)
@@ -299,6 +304,7 @@ class Function:
                     kinds.append(("static", leaf))
         from graphdist import pipeline
 
+        variables.update(tracer.captured())
         graph = pipeline.logical(tracer.graph(results), stages)
         return graph, out_tree, kinds, tracer.strategy
 

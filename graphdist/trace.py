@@ -126,7 +126,11 @@ class Tracer:
 
     # ------------------------------------------------------------ eqns
     def emit(self, op, args, params):
-        outs = self.emit_vars(op, tuple(self.lift(a) for a in args), params)
+        try:                     # name the op whose argument is no array (a PerReplica, say)
+            ins = tuple(self.lift(a) for a in args)
+        except TypeError as e:
+            raise TypeError(f"{op.name}: {e}") from None
+        outs = self.emit_vars(op, ins, params)
         tensors = tuple(Tensor(v, self) for v in outs)
         return tensors[0] if op.num_outputs == 1 else tensors
 
@@ -153,7 +157,7 @@ class Tracer:
         st = self.state_of(variable)
         r = self.reads.get(st)
         if r is None:
-            (r,) = self.emit_vars(state.read_p, (st,), {"var": variable})
+            (r,) = self.emit_vars(state.read_p, (st,), {"var": variable.ref})
             self.reads[st] = r
             self.read_owner[r] = variable
         return Tensor(r, self)
@@ -168,7 +172,7 @@ class Tracer:
             value = self.lift(broadcast_to(cast(Tensor(value, self), variable.dtype),
                                            variable.shape))
         (new,) = self.emit_vars(state.assign_p, (self.state_of(variable), value),
-                                {"var": variable})
+                                {"var": variable.ref})
         self.state_now[variable] = new
         return variable
 
@@ -178,7 +182,12 @@ class Tracer:
         return Graph(inputs=tuple(self.arg_vars) + tuple(self.state_in[v] for v in variables),
                      eqns=tuple(self.eqns),
                      outputs=tuple(results) + tuple(self.state_now[v] for v in variables),
-                     variables=variables)
+                     variables=tuple(v.ref for v in variables))
+
+    def captured(self) -> dict:
+        """StateRef -> Variable for every variable this trace touched: how the compiled
+        function finds the storage behind the graph's references."""
+        return {v.ref: v for v in self.state_in}
 
 
 @contextlib.contextmanager

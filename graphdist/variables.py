@@ -14,6 +14,7 @@ from graphdist.distribute import context, sync
 from graphdist.distribute.values import (PerReplica, VariableAggregation,
                                          VariableSynchronization)
 from graphdist.errors import TraceError
+from graphdist.ir import StateRef
 from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.ops.math import add, subtract
@@ -62,7 +63,7 @@ class Variable(Operators, Symbolic):
     """
 
     __slots__ = ("_values", "_name", "_trainable", "_sync", "_aggregation", "_devices",
-                 "_uid", "_strategy", "_lagging", "__weakref__")
+                 "_uid", "_strategy", "_lagging", "_ref", "__weakref__")
 
     def __init__(self, initial_value, name=None, trainable=True, dtype=None,
                  synchronization=VariableSynchronization.AUTO,
@@ -86,6 +87,7 @@ class Variable(Operators, Symbolic):
         self._name = name or f"Variable_{self._uid}"
         self._trainable = bool(trainable)
         self._values = [backend_for(d).from_host(value) for d in self._devices]
+        self._ref = StateRef(self._uid, self._name, self._devices, self.on_read)
         # a merged step (passes/merge.py) updates only component 0 of a mirrored variable;
         # the others are brought up to date when read: catch_up()
         self._lagging = False
@@ -99,6 +101,7 @@ class Variable(Operators, Symbolic):
     shape = property(lambda self: tuple(self._values[0].shape))
     dtype = property(lambda self: self._values[0].dtype)
     device = property(lambda self: self._devices[0])
+    ref = property(lambda self: self._ref, doc="how graphs name this variable's state")
 
     @property
     def values(self) -> tuple:

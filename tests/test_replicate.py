@@ -318,7 +318,9 @@ def test_interpreted_placed_graph_matches_numpy(lowering, rows):
     _assert_placed(placed, DEVICES)
     assert [v.shape for v in placed.inputs[:4]] == [s.shape for s in batch.values]
     n_vars = len(placed.variables) // 4
-    states_before = [placed.variables[i].values[DEVICES.index(placed.inputs[4 + i].device)]
+    live = step._latest().variables     # the graph names state by reference only
+    assert set(live) == set(placed.variables) and all(v.ref in live for v in variables)
+    states_before = [live[placed.variables[i]].values[DEVICES.index(placed.inputs[4 + i].device)]
                      for i in range(4 * n_vars)]
     outs = _interpret(placed, batch.values, states_before)
     mean_loss, losses, new_w, new_b, first = _np_model_step(initial, x)
@@ -338,11 +340,9 @@ def test_interpreted_placed_graph_matches_numpy(lowering, rows):
     # the executor agrees with the interpreter, bit for bit
     loss, rid, total = step(batch)
     np.testing.assert_allclose(loss, mean_loss, rtol=1e-5)
-    by_name = {v.name: v for v in variables}
-    for k, var in enumerate(placed.variables):
-        if var.name in by_name:
-            d = k // n_vars
-            assert np.array_equal(var.values[d], finals[k]), (var.name, d)
+    for k, ref in enumerate(placed.variables):
+        d = k // n_vars
+        assert np.array_equal(live[ref].values[d], finals[k]), (ref.name, d)
 
 
 def test_replicate_directly_on_logical_graphs():

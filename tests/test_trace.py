@@ -186,3 +186,31 @@ def test_trace_errors_raised_before_any_eqn_name_the_source_line():
 
     with pytest.raises(ValueError, match=r"squeeze.*\n  while tracing  test_trace.py:\d+"):
         f(np.ones((2, 3), np.float32))
+
+
+def test_a_trace_in_one_thread_does_not_capture_another_threads_ops():
+    """The trace context is thread-local: eager ops in a second thread run eagerly while
+    the first thread is tracing."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    seen = {}
+
+    @gd.function
+    def f(x):
+        started.set()
+        release.wait(10)
+        return x * 2.0
+
+    def other():
+        started.wait(10)
+        seen["eager"] = gd.add(np.ones(2, np.float32), 1.0)     # not a gd.Tensor
+        release.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    out = f(np.ones(2, np.float32))
+    t.join()
+    np.testing.assert_array_equal(out, [2.0, 2.0])
+    assert isinstance(seen["eager"], np.ndarray)
+    np.testing.assert_array_equal(seen["eager"], [2.0, 2.0])

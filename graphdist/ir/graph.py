@@ -68,6 +68,21 @@ class Eqn:
 
 
 @dataclass(frozen=True, slots=True)
+class StateRef:
+    """How a graph names a variable's state: an immutable reference, never the live
+    variable. The compiled function maps it to the variable's storage (`key` is the
+    variable's serial number); the rest is what passes and views need to know of it."""
+
+    key: int
+    name: str
+    devices: tuple
+    on_read: bool = False     # sync-on-read: components differ per replica
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
 class Replication:
     """How a placed graph's inputs and outputs divide into replicas: every replica's
     `args_per_replica` arguments, then the states; every replica's `results_per_replica`
@@ -88,8 +103,8 @@ class Graph:
     """A flat, topologically ordered list of eqns in SSA form.
 
     `inputs` are the call's array arguments followed by one state Var per captured
-    variable (`variables[i]` pairs with `inputs[num_args + i]`); `outputs` are the results
-    followed by each variable's final state, in the same variable order.
+    variable (`variables[i]`, a StateRef, pairs with `inputs[num_args + i]`); `outputs` are
+    the results followed by each variable's final state, in the same variable order.
     """
 
     inputs: tuple

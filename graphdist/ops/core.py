@@ -7,6 +7,7 @@ Variable inside a trace) and otherwise runs it eagerly on numpy, checking the sa
 from __future__ import annotations
 
 import numbers
+import threading
 
 import numpy as np
 
@@ -110,20 +111,31 @@ class Op:
 
 # ---------------------------------------------------------------- binding
 
-_tracers: list = []
+class _TraceContext(threading.local):
+    """The tracers active in this thread, innermost last. Thread-local, as the strategy
+    stack is (distribute/context.py): a trace in one thread never captures another
+    thread's ops."""
+
+    def __init__(self):
+        self.tracers: list = []
+
+
+_context = _TraceContext()
 
 
 def current_tracer():
-    return _tracers[-1] if _tracers else None
+    tracers = _context.tracers
+    return tracers[-1] if tracers else None
 
 
 def push_tracer(tracer) -> None:
-    _tracers.append(tracer)
+    _context.tracers.append(tracer)
 
 
 def pop_tracer(tracer) -> None:
-    assert _tracers and _tracers[-1] is tracer, "tracer stack out of order"
-    _tracers.pop()
+    tracers = _context.tracers
+    assert tracers and tracers[-1] is tracer, "tracer stack out of order"
+    tracers.pop()
 
 
 def is_python_scalar(x) -> bool:

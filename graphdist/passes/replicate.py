@@ -33,9 +33,7 @@ def replicate(graphs: list[Graph], devices: tuple) -> Graph:
         raise GraphError(f"replicate: {len(graphs)} graphs for {n} devices")
     variables = graphs[0].variables
     for g in graphs[1:]:
-        # by identity: Variable's == is the elementwise gd.equal
-        if len(g.variables) != len(variables) or any(
-                a is not b for a, b in zip(g.variables, variables)):
+        if g.variables != variables:
             raise GraphError("replicate: replicas captured different variables")
     maps = [dict() for _ in range(n)]
 

@@ -111,8 +111,10 @@ class OneDeviceExecutable:
 class MultiDeviceExecutable:
     """Runs a replicated graph: one program per device, all at once."""
 
-    def __init__(self, placed: Graph, profile: bool = False, shared_results=()):
+    def __init__(self, placed: Graph, variables: dict, profile: bool = False,
+                 shared_results=()):
         self.graph = placed
+        self.variables = variables
         self.profile = profile
         self.returned = returned_results(placed, shared_results)
         self.devices = placed.devices
@@ -142,7 +144,7 @@ class MultiDeviceExecutable:
         self.pool = ThreadPoolExecutor(max_workers=max(1, self.replicas - 1),
                                        thread_name_prefix="graphdist-device")
         self.threads = threads.share(self.replicas)
-        self.mirrored = _mirrored(placed.variables)
+        self.mirrored = _mirrored(variables[r] for r in placed.variables)
 
     def _program(self, d: int, device: str, crossing: dict, producer: dict):
         g = self.graph
@@ -161,7 +163,7 @@ class MultiDeviceExecutable:
                     outputs=tuple(results) + tuple(finals), variables=tuple(variables),
                     devices=(device,))
         sub = schedule(sub)
-        storage = {s: _storage(s, v) for s, v in zip(states, variables)}
+        storage = {s: _storage(s, self.variables[v]) for s, v in zip(states, variables)}
         return lower(sub, backend_for(device), storage, imports=imports, exports=exports,
                      events=[] if self.profile else None)
 
@@ -242,15 +244,15 @@ class MergedExecutable:
     again: a stacked op cannot say which replica's data failed, the per-device program's
     error names the device and the node. Variables are untouched by the failed attempt."""
 
-    def __init__(self, merged: Graph, profile: bool = False, shared_results=(),
-                 per_device=None):
+    def __init__(self, merged: Graph, variables: dict, profile: bool = False,
+                 shared_results=(), per_device=None):
         self.graph = merged
         self.per_device = per_device
         self.diagnosis = None
         self.devices = merged.devices
         self.replicas = len(self.devices)
         states = merged.inputs[merged.num_args:]
-        storage = {s: var.values[k] for s, var, k in
+        storage = {s: variables[ref].values[k] for s, ref, k in
                    zip(states, merged.variables, merged.replication.components)}
         program = lower(schedule(merged), backend_for(self.devices[0]), storage,
                         events=[] if profile else None)
@@ -258,7 +260,8 @@ class MergedExecutable:
         self.programs = [program]
         self.source = program.source
         finals = merged.outputs[merged.num_results:]
-        self.written = _mirrored(v for v, s, f in zip(merged.variables, states, finals)
+        self.written = _mirrored(variables[v] for v, s, f in zip(merged.variables, states,
+                                                                 finals)
                                  if f is not s)
         batched, shared = merged.replication.batched_results, set(shared_results)
         self.layout = [[(k, batched[k]) for k in range(len(batched)) if d == 0 or k not in shared]
@@ -296,7 +299,8 @@ class SequentialExecutable:
     are plain references; every device keeps its own buffers. GPU devices always run this
     way: each queues its work on its own stream, ordered by events (runtime/streams.py)."""
 
-    def __init__(self, placed: Graph, profile: bool = False, shared_results=()):
+    def __init__(self, placed: Graph, variables: dict, profile: bool = False,
+                 shared_results=()):
         self.graph = placed
         self.devices = placed.devices
         self.replicas = len(self.devices)
@@ -306,14 +310,14 @@ class SequentialExecutable:
         whole = schedule(Graph(inputs=placed.inputs, eqns=placed.eqns,
                                outputs=results + finals, variables=placed.variables,
                                devices=placed.devices))
-        storage = {s: _storage(s, v) for s, v in
+        storage = {s: _storage(s, variables[v]) for s, v in
                    zip(placed.inputs[placed.num_args:], placed.variables)}
         program = lower(whole, backend_for(self.devices[0]), storage,
                         events=[] if profile else None)
         self.program = _guarded(program, self.devices)
         self.programs = [program]
         self.source = program.source
-        self.mirrored = _mirrored(placed.variables)
+        self.mirrored = _mirrored(variables[r] for r in placed.variables)
 
     def __call__(self, arrays):
         catch_up(self.mirrored)
@@ -326,17 +330,20 @@ class SequentialExecutable:
         return out
 
 
-def executable(plan, profile: bool = False, shared_results=()):
-    """The callable that runs `plan` (graphdist.pipeline.Plan). `shared_results`: indices of
-    results every replica returns alike (mirrored), returned by replica 0 only."""
+def executable(plan, variables: dict, profile: bool = False, shared_results=()):
+    """The callable that runs `plan` (graphdist.pipeline.Plan). `variables` maps the
+    graph's StateRefs to the Variables whose storage the program updates in place.
+    `shared_results`: indices of results every replica returns alike (mirrored), returned
+    by replica 0 only."""
     g = plan.graph
     if plan.mode == "one_device":
-        storage = {s: var.values[0] for s, var in zip(g.inputs[g.num_args:], g.variables)}
+        storage = {s: variables[ref].values[0]
+                   for s, ref in zip(g.inputs[g.num_args:], g.variables)}
         return OneDeviceExecutable(g, lower(g, backend_for(g.devices[0]), storage,
                                             events=[] if profile else None))
     if plan.mode == "merged":
-        return MergedExecutable(g, profile, shared_results,
-                                lambda: executable(plan.per_device(), profile, shared_results))
+        return MergedExecutable(g, variables, profile, shared_results, lambda: executable(
+            plan.per_device(), variables, profile, shared_results))
     if plan.mode == "threads":
-        return MultiDeviceExecutable(g, profile, shared_results)
-    return SequentialExecutable(g, profile, shared_results)
+        return MultiDeviceExecutable(g, variables, profile, shared_results)
+    return SequentialExecutable(g, variables, profile, shared_results)
