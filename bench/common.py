@@ -76,13 +76,51 @@ def _cell(c) -> str:
     return str(c)
 
 
-def save(name: str, payload: dict) -> Path:
-    """Write results/NAME.json (NAME-TAG.json when $BENCH_TAG is set, e.g. "avx512")."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+RUNS = RESULTS / "runs"     # where a run's results go by default (git-ignored)
+
+
+def set_output(save: bool = False, out=None) -> None:
+    """Where save() writes: `out` (a directory), the committed results/ (`save`, what
+    `python -m bench --save` asks for), else a new timestamped file under results/runs/.
+    Standalone `python -m bench.NAME` runs read $BENCH_OUT and $BENCH_SAVE=1 instead."""
+    if out is None:
+        os.environ.pop("BENCH_OUT", None)
+    else:
+        os.environ["BENCH_OUT"] = str(out)
+    os.environ["BENCH_SAVE"] = "1" if save else "0"
+
+
+def result_path(name: str) -> Path:
+    """results/NAME.json (NAME-TAG.json when $BENCH_TAG is set, e.g. "avx512") with
+    $BENCH_SAVE=1; NAME.json in $BENCH_OUT; else results/runs/NAME-<date-time>.json."""
     tag = os.environ.get("BENCH_TAG")
-    path = RESULTS / f"{name}{'-' + tag if tag else ''}.json"
+    stem = f"{name}{'-' + tag if tag else ''}"
+    if os.environ.get("BENCH_OUT"):
+        return Path(os.environ["BENCH_OUT"]) / f"{stem}.json"
+    if os.environ.get("BENCH_SAVE") == "1":
+        return RESULTS / f"{stem}.json"
+    return RUNS / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def save(name: str, payload: dict) -> Path:
+    """Write the results as JSON where result_path() says; a default (timestamped) run never
+    replaces an earlier file, and only --save / $BENCH_SAVE=1 touches the committed ones."""
+    path = result_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "machine": machine(),
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), **payload}
-    path.write_text(json.dumps(payload, indent=2, default=float))
+    text = json.dumps(payload, indent=2, default=float)
+    if path.parent == RUNS:
+        base, k = path, 1
+        while True:                         # two runs in the same second: NAME-...-2.json
+            try:
+                with open(path, "x") as f:
+                    f.write(text)
+                break
+            except FileExistsError:
+                k += 1
+                path = base.with_name(f"{base.stem}-{k}.json")
+    else:
+        path.write_text(text)
     print(f"saved {path}")
     return path

@@ -11,6 +11,8 @@ import io
 import json
 import os
 import re
+import socket
+import time
 import types
 import uuid
 import zipfile
@@ -181,11 +183,66 @@ class Checkpoint:
         return f"Checkpoint({', '.join(self._trackables)})"
 
 
+# A save writes `.NAME.HOST.PID.RANDOM.tmp` beside NAME, then renames it over NAME. A save
+# killed part-way leaves that temp file behind; the next save to NAME removes the stale ones:
+# of a dead process on this host, or (any host, or the older `.NAME.RANDOM.tmp` form)
+# untouched for STALE_TEMP_S, longer than any save goes without writing. A concurrent save's
+# temp file (a live process, recently written) is left alone.
+STALE_TEMP_S = 30 * 60
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:32] or "host"
+
+
+def _temp_pattern(path: str):
+    return re.compile(rf"\.{re.escape(os.path.basename(path))}\."
+                      r"(?:(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.)?[0-9a-f]{8}\.tmp")
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True                               # no cheap check: go by age alone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                               # EPERM: alive, another user's
+        return True
+    return True
+
+
+def remove_stale_temps(path: str) -> list[str]:
+    """Remove the temp files that killed saves to `path` left behind; returns their paths."""
+    directory = os.path.dirname(path) or "."
+    pattern, removed = _temp_pattern(path), []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m is None:
+            continue
+        full = os.path.join(directory, name)
+        try:
+            old = now - os.stat(full).st_mtime > STALE_TEMP_S
+        except OSError:                           # gone already (another saver cleaned it)
+            continue
+        dead = m["host"] == _HOST and not _pid_alive(int(m["pid"]))
+        if old or dead:
+            try:
+                os.unlink(full)
+                removed.append(full)
+            except OSError:
+                pass
+    return removed
+
+
 def _write_atomically(path: str, arrays: dict) -> None:
+    remove_stale_temps(path)
     # temp file in the target's directory (os.replace must not cross filesystems), created
     # with mode 0o666 so the umask applies as for any new file
-    tmp = os.path.join(os.path.dirname(path) or ".",
-                       f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{_HOST}."
+                       f"{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:

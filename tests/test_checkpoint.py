@@ -342,6 +342,51 @@ def test_save_leaves_no_temp_files_and_replaces(tmp_path):
         assert f["v"] == 2
 
 
+KILLED_SAVE = """
+import os, sys
+import numpy as np
+import graphdist as gd
+from graphdist.checkpoint import Checkpoint
+os.replace = lambda *a: os._exit(9)     # killed after writing its temp file, before the rename
+Checkpoint(v=gd.Variable(np.full(3, 7.0))).save(sys.argv[1])
+"""
+
+
+def test_a_killed_saves_temp_file_is_removed_by_the_next_save(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from graphdist import checkpoint
+
+    path = str(tmp_path / "c.npz")
+    ckpt = Checkpoint(v=gd.Variable(np.arange(3.0)))
+    ckpt.save(path)
+    done = subprocess.run([sys.executable, "-c", KILLED_SAVE, path], timeout=120,
+                          capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    [left] = [n for n in _listing(tmp_path) if n != "c.npz"]
+    assert left.startswith(".c.npz.") and left.endswith(".tmp")
+    with np.load(path) as f:                       # the checkpoint itself stayed whole
+        np.testing.assert_array_equal(f["v"], np.arange(3.0))
+    host, mine = checkpoint._HOST, os.getpid()
+    keep = [f".c.npz.{host}.{mine}.0123abcd.tmp",          # a concurrent save in a live process
+            ".c.npz.otherhost.12345.89abcdef.tmp",         # another host's, recent
+            ".d.npz.otherhost.1.0123abcd.tmp",            # another checkpoint's
+            f".d.npz.{host}.999999999.0123abcd.tmp",      # (even of a dead process)
+            "c.npz.0123abcd.tmp", ".c.npz.notes.txt"]      # not temp names of c.npz
+    old = [".c.npz.0a1b2c3d.tmp", ".c.npz.otherhost.12345.deadbeef.tmp"]  # untouched too long
+    for name in keep + old:
+        (tmp_path / name).write_bytes(b"partial")
+    stale = time.time() - checkpoint.STALE_TEMP_S - 60
+    for name in old:
+        os.utime(tmp_path / name, (stale, stale))
+    ckpt.save(path)
+    assert _listing(tmp_path) == sorted(keep + ["c.npz"])
+    ckpt.restore(path)
+    np.testing.assert_array_equal(ckpt.v.numpy(), np.arange(3.0))
+
+
 @pytest.mark.parametrize("where", ["write", "fsync", "replace"])
 def test_failed_save_keeps_the_old_checkpoint(tmp_path, monkeypatch, where):
     v = gd.Variable(np.arange(4.0))

@@ -166,6 +166,44 @@ def test_cross_entropy_in_a_training_step_float32():
     assert g.dtype == np.float32
 
 
+@pytest.mark.parametrize("bad", [-1, 3, 7])
+def test_sparse_cross_entropy_out_of_range_labels_raise_eagerly(bad):
+    y = np.array([0, 2, bad, 1], np.int32)
+    with pytest.raises(ValueError, match=rf"sparse_softmax_cross_entropy: expected labels in "
+                                         rf"\[0, 3\).* got {bad} at index 2"):
+        gd.nn.sparse_softmax_cross_entropy(y, np.zeros((4, 3), np.float32))
+
+
+@pytest.mark.parametrize("mode", ["sequential", "merged"])
+def test_sparse_cross_entropy_out_of_range_labels_raise_when_a_step_runs(mode):
+    # the labels are data: a traced step checks them on every run, not at trace time
+    f = gd.function(lambda y, x: gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, x)))
+    x = np.zeros((4, 3), np.float32)
+    np.testing.assert_allclose(f(np.array([0, 1, 2, 2], np.int32), x), np.log(3.0), rtol=1e-6)
+    for bad in (-2, 3):
+        with pytest.raises(ValueError, match=rf"(?s)expected labels in \[0, 3\).* got {bad} "
+                                             r"at index 1.*traced at  test_nn.py:\d+  f = "):
+            f(np.array([0, bad, 2, 2], np.int32), x)
+    assert f.trace_count == 1
+    # under a strategy, with the bad label in replica 1's shard
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    gd.config.set_device_concurrency(mode)
+    try:
+        @gd.function
+        def step(batch):
+            per = strategy.run(lambda y, x: gd.nn.sparse_softmax_cross_entropy(y, x),
+                               args=batch)
+            return strategy.reduce("sum", per, axis=0)
+
+        (good,) = strategy.experimental_distribute_dataset([(np.array([0, 1, 2, 0]), x)])
+        np.testing.assert_allclose(step(good), 4 * np.log(3.0), rtol=1e-6)
+        (bad,) = strategy.experimental_distribute_dataset([(np.array([0, 1, 2, 9]), x)])
+        with pytest.raises(ValueError, match="sparse_softmax_cross_entropy.* got 9"):
+            step(bad)
+    finally:
+        gd.config.set_device_concurrency("auto")
+
+
 def test_cross_entropy_shape_errors():
     logits = np.zeros((2, 3))
     with pytest.raises(gd.ShapeError, match="softmax_cross_entropy"):

@@ -695,6 +695,26 @@ def test_bad_axis_raises(call):
         call()
 
 
+@pytest.mark.parametrize("call,op,axis", [
+    (lambda x: gd.reduce_sum(x, axis=3), "reduce_sum", "3"),
+    (lambda x: gd.reduce_mean(x, axis=(0, -3)), "reduce_mean", "-3"),
+    (lambda x: gd.reduce_max(x, axis=2), "reduce_max", "2"),
+    (lambda x: gd.concat([x, x], axis=2), "concat", "2"),
+    (lambda x: gd.split(x, 2, axis=-3), "split", "-3"),
+    (lambda x: gd.squeeze(x, axis=5), "squeeze", "5"),
+    (lambda x: gd.expand_dims(x, 3), "expand_dims", "3"),
+    (lambda x: gd.expand_dims(x, -4), "expand_dims", "-4"),
+])
+@pytest.mark.parametrize("traced", [False, True])
+def test_bad_axis_errors_state_the_operands_shape(call, op, axis, traced):
+    with pytest.raises(gd.ShapeError) as info:
+        (gd.function(call) if traced else call)(_f64(2, 3))
+    msg = str(info.value)
+    assert msg.startswith(f"{op}: axis {axis} is out of range"), msg
+    assert "shape (2, 3)" in msg, msg
+    assert not traced or "while tracing  test_ops.py:" in msg, msg
+
+
 def test_errors_inside_function_name_the_user_line():
     line = {}
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from graphdist.distribute import devices as devices_module
+from graphdist.device import names as devices_module
 
 VS, VA = gd.VariableSynchronization, gd.VariableAggregation
 
@@ -139,6 +139,33 @@ def test_eager_reduce_and_gather_check_the_replica_count():
                  lambda: s.gather(gd.PerReplica([np.ones(1), np.ones(1)]))):
         with pytest.raises(ValueError, match="2 values.*3 replicas"):
             call()
+
+
+def test_misusing_a_per_replica_as_one_array_says_what_it_is_and_what_to_do():
+    s = _strategy(2)
+    made = s.experimental_distribute_values_from_function(
+        lambda ctx: np.float32(ctx.replica_id_in_sync_group))
+    (batch,) = s.experimental_distribute_dataset([np.ones((4, 2), np.float32)])
+    ran = s.run(lambda x: x * 2.0, args=(batch,))
+    remedy = r"strategy\.reduce.*strategy\.gather.*\.values\[k\].*strategy\.run"
+    for per in (made, batch, ran):
+        assert per.devices == ("cpu:0", "cpu:1")
+        what = r"a gd\.PerReplica of 2 values \(on cpu:0, cpu:1\)"
+        for misuse, where in [(lambda: np.asarray(per), "used as an array"),
+                              (lambda: per + 1, r"'\+' applied to a PerReplica"),
+                              (lambda: np.float32(2) * per, r"'\*' applied to a PerReplica"),
+                              (lambda: -per, "unary"),
+                              (lambda: gd.reduce_sum(per), "reduce_sum: .*used as an array")]:
+            with pytest.raises(TypeError, match=rf"(?s){where}.*{what}.*{remedy}"):
+                misuse()
+    # a PerReplica made by hand does not know its devices; in traced code the op is named too
+    with pytest.raises(TypeError, match=r"a gd\.PerReplica of 2 values \(one per replica\)"):
+        np.asarray(_numbered(2))
+    with pytest.raises(TypeError, match=rf"(?s)exp: .*PerReplica.*{remedy}.*while tracing  "
+                                        r"test_per_replica_values\.py"):
+        gd.function(lambda: gd.exp(made))()
+    with pytest.raises(TypeError, match=rf"(?s)add: .*PerReplica.*{remedy}.*while tracing"):
+        gd.function(lambda x, y: gd.exp(x) + y)(np.ones(2, np.float32), batch)
 
 
 def test_eager_reduce_errors_name_the_shapes():

@@ -130,6 +130,30 @@ def test_contexts_restored_after_failing_run(strategy):
     assert not gd.has_strategy() and isinstance(gd.get_replica_context(), gd.ReplicaContext)
 
 
+@pytest.mark.parametrize("traced", [False, True])
+def test_reduce_and_run_inside_a_replica_function_raise(strategy, traced):
+    # as in TF: both need cross-replica context; a replica uses all_reduce or merge_call
+    x = _per_replica(strategy, lambda r: np.float32(r))
+    misuses = {"reduce": lambda x: strategy.reduce("sum", x * 2.0),
+               "run": lambda x: strategy.run(lambda y: y * 2.0, args=(x,)),
+               "default": lambda x: gd.get_strategy().reduce("mean", x * 2.0)}
+    for name, misuse in misuses.items():
+        call = (lambda: strategy.run(misuse, args=(x,))) if not traced else (
+            lambda: gd.function(lambda x: strategy.run(misuse, args=(x,)))(x))
+        method = "run" if name == "run" else "reduce"
+        hint = "call fn directly" if name == "run" else r"all_reduce\(op, value\).*merge_call"
+        with pytest.raises(RuntimeError, match=rf"(?s)strategy\.{method}\(\) was called inside "
+                                               rf"a replica function.*{hint}.*test_strategy.py"):
+            call()
+        assert not gd.has_strategy()
+    # the allowed places: outside run, inside scope(), and in merge_fn
+    with strategy.scope():
+        assert float(strategy.reduce("sum", x)) == 6.0
+    out = strategy.run(lambda x: gd.get_replica_context().merge_call(
+        lambda s, v: s.reduce("sum", v), args=(x * 2.0,)), args=(x,))
+    assert float(out) == 12.0
+
+
 # ---------------------------------------------------------------- run and replica ids
 
 
@@ -231,6 +255,44 @@ def test_replica_context_all_reduce(strategy):
     np.testing.assert_array_equal(nested["b"][0], [12.0, 32.0])
     with pytest.raises(ValueError):
         strategy.run(lambda x: gd.get_replica_context().all_reduce("max", x * 1.0), args=(x,))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_constants_entering_collectives_are_values_on_every_replica(n):
+    # a Python or numpy constant is the same value on every replica: SUM gives n times it
+    s = gd.MirroredStrategy([f"cpu:{d}" for d in range(n)])
+    ones = np.ones(3, np.float32)
+
+    def replica_fn():
+        ctx = gd.get_replica_context()
+        merged = ctx.merge_call(lambda st, v: st.reduce("sum", v), args=(1.0,))
+        return (ctx.all_reduce(gd.ReduceOp.SUM, 1.0), ctx.all_reduce("sum", np.float32(3.0)),
+                ctx.all_reduce("sum", {"a": ones}), ctx.all_reduce("mean", 2.0),
+                ctx.all_reduce("sum", 2), merged,
+                ctx.merge_call(lambda st: st.reduce("sum", np.float32(1.0))))
+
+    total, three, nested, mean, integer, merged, merged_result = s.run(replica_fn)
+    assert float(total) == n and float(three) == 3.0 * n and float(mean) == 2.0
+    np.testing.assert_array_equal(nested["a"], np.full(3, n, np.float32))
+    assert int(integer) == 2 * n and np.asarray(integer).dtype == np.int32
+    assert float(merged) == n and float(merged_result) == n
+
+    per = gd.PerReplica([np.float32(1.0)] * n)
+    rows = gd.PerReplica([ones] * n)
+
+    @gd.function
+    def f():
+        return (s.reduce(gd.ReduceOp.SUM, per), s.reduce("mean", per), s.reduce("sum", 1.0),
+                s.reduce("sum", rows, axis=0), s.reduce("mean", rows, axis=0))
+
+    t_sum, t_mean, t_plain, t_rows, t_row_mean = f()
+    assert float(t_sum) == n and float(t_mean) == 1.0 and float(t_plain) == n
+    assert float(t_rows) == 3.0 * n and float(t_row_mean) == 1.0
+    # eagerly: the same answers, in the same dtype
+    assert s.reduce("sum", per) == n and s.reduce("sum", 1.0) == n
+    assert np.asarray(s.reduce("sum", 1.0)).dtype == np.float32
+    with pytest.raises(TypeError, match="float"):      # MEAN of an int constant, as of a tensor
+        s.run(lambda: gd.get_replica_context().all_reduce("mean", 2))
 
 
 def test_all_reduce_of_an_argument_directly(strategy):

@@ -287,6 +287,28 @@ def test_summary_matches_hand_counts():
         assert needle in text
 
 
+def test_summary_counts_every_tensor_of_a_list_all_reduce():
+    # one collective node over several tensors reports the bytes of all of them
+    ty_w, ty_b = ArrayType((64, 32), F32), ArrayType((32,), F32)
+    w, b = Var(ty_w, "dw"), Var(ty_b, "db")
+    rw, rb = Var(ty_w, "gw"), Var(ty_b, "gb")
+    logical = Graph((w, b), (Eqn(OPS["all_reduce"], (w, b), (rw, rb), (("op", "mean"),)),),
+                    (rw, rb))
+    [coll] = stats(logical)["collectives"]
+    assert coll["payload"] == ty_w.nbytes + ty_b.nbytes == 8320
+    assert coll["type"] == "f32[64,32], f32[32]"
+    assert "8,320" in logical.summary()
+    # placed: one fused node reading both tensors of each of two replicas
+    devices = ("cpu:0", "cpu:1")
+    ins = [Var(ty, name, d) for d in devices for ty, name in ((ty_w, "dw"), (ty_b, "db"))]
+    outs = [Var(v.ty, "g" + v.hint[1:], v.device) for v in ins]
+    placed = Graph(tuple(ins), (Eqn(OPS["host_all_reduce"], tuple(ins), tuple(outs),
+                                    (("op", "sum"),), "cpu:0", "collectives"),),
+                   tuple(outs), devices=devices)
+    [coll] = stats(placed)["collectives"]
+    assert coll["payload"] == 8320, "per replica: both tensors, not one, not both replicas'"
+
+
 def test_summary_of_the_example(step):
     from graphdist.passes.schedule import liveness
 
@@ -304,7 +326,10 @@ def test_summary_of_the_example(step):
 # ---------------------------------------------------------------- a real browser
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="the `chromium` command is not installed, so the viewer is not "
+                           "checked in a real browser (Debian: apt-get install chromium; "
+                           ".ci/run installs it)")
 def test_page_renders_in_headless_chromium(step, tmp_path):
     path = step.replicated_graph.to_html(tmp_path / "step.html")
     cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

@@ -42,12 +42,14 @@ def _as_tensor_value(value):
 
 
 class PerReplica:
-    """One value per replica, in device order (`.values`)."""
+    """One value per replica, in device order (`.values`; `.devices` where known)."""
 
-    __slots__ = ("values",)
+    __slots__ = ("values", "devices")
+    __array_ufunc__ = None      # numpy defers to the operators below, which explain the misuse
 
-    def __init__(self, values):
+    def __init__(self, values, devices=None):
         self.values = tuple(_as_tensor_value(v) for v in values)
+        self.devices = tuple(devices) if devices is not None else None
 
     def __repr__(self) -> str:
         return f"PerReplica({', '.join(repr(v) for v in self.values)})"
@@ -58,6 +60,40 @@ class PerReplica:
     def tree_children(self) -> tuple:
         """The components a pytree flattens (a LocalValue has one: its local tensor)."""
         return self.values
+
+    def _describe(self) -> str:
+        """'a gd.PerReplica of 2 values (on cpu:0, cpu:1)', for error messages."""
+        n, devices = len(self.values), getattr(self, "devices", None)
+        where = f"on {', '.join(devices)}" if devices else "one per replica"
+        return f"a gd.PerReplica of {n} values ({where})"
+
+    def _misuse(self, what: str):
+        """The TypeError for using one value per replica where one array is expected."""
+        return TypeError(
+            f"{what}: got {self._describe()}, not one array. Outside strategy.run combine its "
+            "values with strategy.reduce(gd.ReduceOp.SUM or MEAN, value, axis=None) or "
+            "strategy.gather(value, axis=0), take replica k's with .values[k], or pass it to "
+            "strategy.run(fn, args=(value,)) to compute with it on every replica")
+
+    def __array__(self, dtype=None, copy=None):
+        raise self._misuse("a PerReplica used as an array (np.asarray or a gd op)")
+
+    def _operator(symbol: str):
+        def refuse(self, *other):
+            raise self._misuse(f"'{symbol}' applied to a PerReplica")
+        return refuse
+
+    __add__ = __radd__ = _operator("+")
+    __sub__ = __rsub__ = _operator("-")
+    __mul__ = __rmul__ = _operator("*")
+    __truediv__ = __rtruediv__ = _operator("/")
+    __floordiv__ = __rfloordiv__ = _operator("//")
+    __mod__ = __rmod__ = _operator("%")
+    __pow__ = __rpow__ = _operator("**")
+    __matmul__ = __rmatmul__ = _operator("@")
+    __lt__ = __le__ = __gt__ = __ge__ = _operator("a comparison")
+    __neg__ = __pos__ = __abs__ = _operator("a unary operator")
+    del _operator
 
 
 class LocalValue(PerReplica):
@@ -87,6 +123,18 @@ class LocalValue(PerReplica):
         from graphdist.ops.collectives import broadcast
 
         return tuple(broadcast(self.local, k) for k in range(n))
+
+    @property
+    def devices(self):
+        from graphdist.ops.core import current_tracer
+
+        strategy = getattr(current_tracer(), "strategy", None)
+        return strategy.devices if strategy is not None else None
+
+    def _describe(self) -> str:
+        devices = self.devices     # without .values: that would emit n broadcasts
+        return (f"a gd.PerReplica of {len(devices) if devices else 'several'} values "
+                f"({'on ' + ', '.join(devices) if devices else 'one per replica'}, in a trace)")
 
 
 class Mirrored(PerReplica):

@@ -98,7 +98,7 @@ def _concat_shape(*xs, axis):
     if not xs:
         raise ShapeError("concat: needs at least one value")
     dtype = same_dtype("concat", *xs)
-    (ax,) = normalize_axis("concat", axis, xs[0].ndim)
+    (ax,) = normalize_axis("concat", axis, xs[0].ndim, xs[0].shape)
     for x in xs:
         if x.ndim != xs[0].ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, xs[0].shape))
                                        if i != ax):
@@ -127,7 +127,7 @@ split_p = Op("split", num_outputs=None, view=True)   # every output is a view of
 
 @split_p.def_shape
 def _split_shape(x, *, sizes, axis):
-    (ax,) = normalize_axis("split", axis, x.ndim)
+    (ax,) = normalize_axis("split", axis, x.ndim, x.shape)
     if sum(sizes) != x.shape[ax] or any(s < 0 for s in sizes):
         raise ShapeError(f"split: sizes {sizes} do not add up to axis {axis} of {x}")
     return tuple(ArrayType(x.shape[:ax] + (s,) + x.shape[ax + 1:], x.dtype) for s in sizes)
@@ -168,20 +168,33 @@ shape_p.def_cost(lambda ins, outs: (0, outs[0].nbytes))
 shape_p.def_batch(lambda bx, x: bx.add(    # every replica's shape: a shared constant
     constant_p, batched=False, value=Const(np.asarray(bx.logical(x).shape, np.int32))))
 
+# checked_for="<op>": the indices are the class labels of <op> (sparse_softmax_cross_entropy),
+# so an index outside [0, depth) is an error, raised when the step runs on the actual labels
+# (as TF does), rather than an all-zero row and a silent loss of -0
 one_hot_p = Op("one_hot", differentiable=False)
 
 
 @one_hot_p.def_shape
-def _one_hot_shape(indices, *, depth, dtype):
+def _one_hot_shape(indices, *, depth, dtype, checked_for=""):
     if indices.dtype.kind not in "iu":
-        raise TypeError(f"one_hot: indices must be integers, got {indices}")
+        raise TypeError(f"{checked_for or 'one_hot'}: indices must be integers, got {indices}")
     return ArrayType(indices.shape + (depth,), dtype)
 
 
-one_hot_p.def_impl(lambda xp, i, *, depth, dtype: (
-    i[..., None] == xp.arange(depth, dtype=i.dtype)).astype(dtype))
-one_hot_p.def_batch(lambda bx, i, *, depth, dtype: bx.add(one_hot_p, i, depth=depth,
-                                                          dtype=dtype))
+@one_hot_p.def_impl
+def _one_hot_impl(xp, i, *, depth, dtype, checked_for=""):
+    # two O(batch) reductions of the labels, beside the O(batch x depth) one-hot itself
+    if checked_for and i.size and (i.min() < 0 or i.max() >= depth):
+        bad = (i < 0) | (i >= depth)
+        at = tuple(int(k[0]) for k in xp.nonzero(bad))
+        raise ValueError(f"{checked_for}: expected labels in [0, {depth}) (the logits have "
+                         f"{depth} classes), got {int(i[at])} at index "
+                         f"{at[0] if len(at) == 1 else at} of the "
+                         f"labels of shape {tuple(i.shape)} ({int(bad.sum())} out of range)")
+    return (i[..., None] == xp.arange(depth, dtype=i.dtype)).astype(dtype)
+
+
+one_hot_p.def_batch(lambda bx, i, **params: bx.add(one_hot_p, i, **params))
 
 # ---------------------------------------------------------------- indexing
 
@@ -287,7 +300,7 @@ def broadcast_to(x, shape):
 
 def expand_dims(x, axis):
     shape = list(getattr(x, "shape", np.shape(x)))
-    (ax,) = normalize_axis("expand_dims", axis, len(shape) + 1)
+    (ax,) = normalize_axis("expand_dims", axis, len(shape) + 1, shape)
     shape.insert(ax, 1)
     return reshape(x, shape)
 
@@ -295,7 +308,7 @@ def expand_dims(x, axis):
 def squeeze(x, axis=None):
     shape = tuple(getattr(x, "shape", np.shape(x)))
     axes = (tuple(i for i, d in enumerate(shape) if d == 1) if axis is None
-            else normalize_axis("squeeze", axis, len(shape)))
+            else normalize_axis("squeeze", axis, len(shape), shape))
     for a in axes:
         if shape[a] != 1:
             raise ShapeError(f"squeeze: axis {a} of shape {shape} has size {shape[a]}, not 1")
@@ -309,7 +322,7 @@ def concat(values, axis=0):
 def split(x, num_or_sizes, axis=0):
     """Split along `axis` into equal parts (an int) or parts of the given sizes (a list)."""
     shape = tuple(getattr(x, "shape", np.shape(x)))
-    n = shape[normalize_axis("split", axis, len(shape))[0]]
+    n = shape[normalize_axis("split", axis, len(shape), shape)[0]]
     if isinstance(num_or_sizes, (int, np.integer)):
         if num_or_sizes <= 0 or n % num_or_sizes:
             raise ShapeError(f"split: axis {axis} of size {n} does not split into "

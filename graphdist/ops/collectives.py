@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.ir.types import ArrayType
-from graphdist.ops.core import Op, bind, require_float
+from graphdist.ops.core import Op, Symbolic, bind, current_tracer, require_float, run_eagerly
 
 REDUCE_OPS = ("sum", "mean")
 
@@ -59,7 +59,21 @@ copy_p.def_vjp(lambda ct, x, *, device: (ct,))
 
 
 def all_reduce(x, op: str = "sum"):
+    if not isinstance(x, Symbolic):
+        return _all_reduce_constant(x, op)
     return bind(all_reduce_p, x, op=op)[0]
+
+
+def _all_reduce_constant(x, op: str):
+    # A constant (Python number, numpy array) holds the same value on every replica, so it is
+    # reduced here, at trace time: its sum over n replicas is n times it, its mean is itself.
+    # (The eager impl alone would be the one-replica identity: a silent 1.0 for 2.0.)
+    (x,) = run_eagerly(all_reduce_p, (x,), {"op": op})     # the same op and dtype checks
+    strategy = getattr(current_tracer(), "strategy", None)
+    n = strategy.num_replicas_in_sync if strategy is not None else 1
+    if op != "sum" or n == 1:
+        return x
+    return np.asarray(np.sum(np.broadcast_to(x, (n, *x.shape)), axis=0, dtype=x.dtype))
 
 
 def broadcast(x, source: int = 0):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.errors import ShapeError
-from graphdist.ops.array import cast, one_hot, stop_gradient
+from graphdist.ops.array import cast, one_hot_p, stop_gradient
+from graphdist.ops.core import bind
 from graphdist.ops.math import (divide, exp, log, multiply, negative, reduce_max, reduce_sum,
                                 subtract)
 
@@ -50,7 +51,9 @@ def sparse_softmax_cross_entropy(labels, logits):
     if label_shape != tuple(logits.shape[:-1]):
         raise ShapeError(f"sparse_softmax_cross_entropy: labels {label_shape} must have the "
                          f"shape of logits {tuple(logits.shape)} without its last axis")
-    picked = one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    # labels outside [0, classes) raise, eagerly now and in traced code when the step runs
+    picked = bind(one_hot_p, labels, depth=int(logits.shape[-1]), dtype=np.dtype(logits.dtype),
+                  checked_for="sparse_softmax_cross_entropy")
     return negative(reduce_sum(multiply(picked, log_softmax(logits)), axis=-1))
 
 
