@@ -38,7 +38,7 @@ def peer_python() -> str | None:
 
 
 def run_peer(python: str, module: str, *args) -> dict | None:
-    from graphdist.runtime.threads import ENV_SET
+    from graphdist.device.threads import ENV_SET
 
     env = {k: v for k, v in os.environ.items() if k not in ENV_SET}  # peers get the user's env
     try:

@@ -3,13 +3,13 @@
 This module re-exports the public API of API.md and nothing else.
 """
 
-from graphdist.runtime import threads as _threads  # noqa: F401  (sets OpenMP waiting first)
+from graphdist.device import threads as _threads  # noqa: F401  (sets OpenMP waiting first)
 from graphdist import config, data, nn, optimizers  # noqa: F401
 from graphdist.autodiff import GradientTape, value_and_grad
 from graphdist.checkpoint import Checkpoint
 from graphdist.distribute.context import (get_replica_context, get_strategy, has_strategy,
                                           in_cross_replica_context)
-from graphdist.distribute.devices import devices
+from graphdist.device.names import devices
 from graphdist.distribute.cross_device_ops import (CrossDeviceOps, HierarchicalCopyAllReduce,
                                                    HostAllReduce, NcclAllReduce,
                                                    ReductionToOneDevice, RingAllReduce,
@@ -26,7 +26,8 @@ from graphdist.ops.math import (abs, add, divide, equal, exp, greater, greater_e
                                 less_equal, log, matmul, maximum, minimum, multiply, negative,
                                 not_equal, power, reduce_max, reduce_mean, reduce_sum, relu,
                                 sigmoid, sqrt, square, subtract, tanh, where)
-from graphdist.trace import Tensor, function, name_scope
+from graphdist.function import function
+from graphdist.trace import Tensor, name_scope
 from graphdist.variables import Variable
 
 __version__ = "0.1.0"

@@ -145,7 +145,7 @@ def value_and_grad(fn, argnums=0):
         if current_tracer() is not None:
             return traced(*args, **kwargs)
         if not compiled:
-            from graphdist.trace import function
+            from graphdist.function import function
 
             compiled.append(function(traced))
         return compiled[0](*args, **kwargs)

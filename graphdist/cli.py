@@ -40,7 +40,7 @@ def _demo(args) -> int:
 
 
 def _devices(args) -> int:
-    from graphdist.distribute.devices import devices, physical_gpu_of
+    from graphdist.device.names import devices, physical_gpu_of
 
     for d in devices():
         print(d if d.startswith("cpu") else f"{d}  (physical GPU {physical_gpu_of(d)})")
@@ -73,7 +73,7 @@ def _find_graph(value, function_type, depth: int = 3):
 def _show(args) -> int:
     """MODULE:FUNCTION names a traced gd.function, or a callable taking the device count
     and returning one (or a gd.Graph); shows its replicated graph when devices > 1."""
-    from graphdist.compiled import Function
+    from graphdist.function import Function
 
     target = _load(args.target)
     if not isinstance(target, Function) and not hasattr(target, "eqns"):

@@ -1,6 +1,11 @@
-"""The few exception classes graphdist raises; each subclasses what a Python user would catch."""
+"""The few exception classes graphdist raises (each subclasses what a Python user would
+catch), and how an error finds the user's source line to name."""
 
 from __future__ import annotations
+
+import linecache
+import os
+import sys
 
 
 class ShapeError(ValueError):
@@ -21,3 +26,34 @@ class CheckpointError(ValueError):
 
 class WorkerError(RuntimeError):
     """Another worker (or replica) failed; the message names which one."""
+
+
+# ---------------------------------------------------------------- the user's line
+# Errors name the user's source line: the innermost frame outside graphdist.
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_KERNELS_DIR = os.path.join(os.path.dirname(_PACKAGE_DIR), "kernels")
+
+
+def _ours(filename: str) -> bool:
+    return filename.startswith((_PACKAGE_DIR, _KERNELS_DIR))
+
+
+def user_frame_text(tb=None) -> str:
+    """'file.py:14  <source line>' of the innermost frame outside graphdist: of the current
+    stack, or of traceback `tb` (where an exception was raised)."""
+    if tb is not None:
+        where = None
+        while tb is not None:
+            if not _ours(tb.tb_frame.f_code.co_filename):
+                where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+            tb = tb.tb_next
+    else:
+        f = sys._getframe(1)
+        while f is not None and _ours(f.f_code.co_filename):
+            f = f.f_back
+        where = (f.f_code.co_filename, f.f_lineno) if f is not None else None
+    if where is None:
+        return ""
+    filename, lineno = where
+    return f"{os.path.basename(filename)}:{lineno}  {linecache.getline(filename, lineno).strip()}"

@@ -1,4 +1,4 @@
-"""gd.function: the signature cache around trace -> passes -> lower -> run."""
+"""gd.function: the signature cache around trace -> pipeline -> runtime."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from graphdist.ir import ArrayType, Graph, as_dtype
 from graphdist.distribute.values import PerReplica
 from graphdist.ops.core import Symbolic, current_tracer, is_python_scalar
 from graphdist.pytree import flatten, unflatten
-from graphdist.runtime.backends import is_device_array
-from graphdist.trace import Tensor, Tracer, tracing, user_frame_text
+from graphdist.device.backends import is_device_array
+from graphdist.errors import user_frame_text
+from graphdist.trace import Tensor, Tracer, tracing
 
 
 def _leaf_spec(leaf, path):
@@ -132,7 +133,7 @@ def _view(tree_value, r: int):
 
 
 class Function:
-    """A traced-and-compiled Python function (see graphdist.trace.function)."""
+    """A traced-and-compiled Python function (see `function` below)."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -369,3 +370,17 @@ class Function:
         """The generated Python program(s) of a signature (the latest when no args)."""
         entry = self._entry(args, kwargs) if args or kwargs else self._latest()
         return entry.executable.source
+
+
+def function(fn=None):
+    """Trace `fn` once per input signature into a graph, compile it, and run the compiled
+    program on later calls.
+
+    >>> @gd.function
+    ... def f(x): return gd.tanh(x) * 2
+    >>> f(np.ones(3, np.float32)).shape
+    (3,)
+    """
+    if fn is None:
+        return function
+    return Function(fn)

@@ -78,7 +78,7 @@ class Optimizer:
         variables = tuple(v for _, v in pairs)
         fn = self._eager_steps.get(variables)
         if fn is None:
-            from graphdist.trace import function
+            from graphdist.function import function
 
             fn = function(lambda grads: self.apply_gradients(zip(grads, variables)))
             self._eager_steps[variables] = fn

@@ -22,7 +22,7 @@ import functools
 from dataclasses import dataclass, field
 
 from graphdist import config
-from graphdist.distribute.devices import is_gpu
+from graphdist.device.names import is_gpu
 from graphdist.errors import TraceError
 from graphdist.ir import Graph
 from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code, place,

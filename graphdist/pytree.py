@@ -1,8 +1,13 @@
-"""Flattening nested tuples, lists, dicts and PerReplica values into leaves and back."""
+"""Flattening nested tuples, lists, dicts and per-replica values into leaves and back.
+
+A class whose instances hold children (gd.PerReplica) says so with `tree_children()` and is
+rebuilt as `cls(children)`; this module knows no such class by name."""
 
 from __future__ import annotations
 
-from graphdist.distribute.values import PerReplica
+
+def _is_node(x) -> bool:
+    return hasattr(type(x), "tree_children")
 
 
 def flatten(x, path: str = "", leaf_types: tuple = ()) -> tuple[list, list, object]:
@@ -18,7 +23,7 @@ def _flatten(x, path, leaves, paths, leaf_types=()):
         leaves.append(x)
         paths.append(path)
         return None
-    if isinstance(x, PerReplica):
+    if _is_node(x):
         return (type(x), tuple(_flatten(v, f"{path}.values[{i}]", leaves, paths, leaf_types)
                                for i, v in enumerate(x.tree_children())))
     if isinstance(x, tuple) and hasattr(x, "_fields"):   # namedtuple
@@ -48,7 +53,7 @@ def _unflatten(tree, it):
     if kind is dict:
         return {k: _unflatten(t, it) for k, t in zip(tree[1], tree[2])}
     children = [_unflatten(t, it) for t in tree[1]]
-    if issubclass(kind, PerReplica):
+    if hasattr(kind, "tree_children"):
         return kind(children)
     if hasattr(kind, "_fields"):
         return kind(*children)

@@ -1,50 +1,18 @@
-"""Tracing: gd.Tensor, the Tracer that records eqns, name scopes, and gd.function with its
-signature cache. Compilation (passes + lowering) is delegated to graphdist.compile."""
+"""Tracing: gd.Tensor, the Tracer that records eqns, and name scopes. gd.function (the
+signature cache that traces and compiles) is graphdist/function.py."""
 
 from __future__ import annotations
 
 import contextlib
-import linecache
-import os
-import sys
-import threading
 
 import numpy as np
 
-from graphdist.errors import TraceError
+from graphdist.errors import TraceError, user_frame_text
 from graphdist.ir import ArrayType, Eqn, Graph, Lit, Var, as_dtype
 from graphdist.ops import state
 from graphdist.ops.array import Const, constant_p
 from graphdist.ops.core import Symbolic, bind, current_tracer, pop_tracer, push_tracer
 from graphdist.ops.operators import Operators
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_KERNELS_DIR = os.path.join(os.path.dirname(_PACKAGE_DIR), "kernels")
-
-
-def _ours(filename: str) -> bool:
-    return filename.startswith((_PACKAGE_DIR, _KERNELS_DIR))
-
-
-def user_frame_text(tb=None) -> str:
-    """'file.py:14  <source line>' of the innermost frame outside graphdist: of the current
-    stack, or of traceback `tb` (where an exception was raised)."""
-    if tb is not None:
-        where = None
-        while tb is not None:
-            if not _ours(tb.tb_frame.f_code.co_filename):
-                where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
-            tb = tb.tb_next
-    else:
-        f = sys._getframe(1)
-        while f is not None and _ours(f.f_code.co_filename):
-            f = f.f_back
-        where = (f.f_code.co_filename, f.f_lineno) if f is not None else None
-    if where is None:
-        return ""
-    filename, lineno = where
-    return f"{os.path.basename(filename)}:{lineno}  {linecache.getline(filename, lineno).strip()}"
-
 
 class Tensor(Operators, Symbolic):
     """A symbolic value inside traced code: it has a shape and dtype but no data yet."""
@@ -216,23 +184,4 @@ def name_scope(name: str):
         tracer.scopes.pop()
 
 
-_compile_lock = threading.RLock()
-
-
-def function(fn=None):
-    """Trace `fn` once per input signature into a graph, compile it, and run the compiled
-    program on later calls.
-
-    >>> @gd.function
-    ... def f(x): return gd.tanh(x) * 2
-    >>> f(np.ones(3, np.float32)).shape
-    (3,)
-    """
-    from graphdist.compiled import Function
-
-    if fn is None:
-        return function
-    return Function(fn)
-
-
-__all__ = ["Tensor", "Tracer", "function", "name_scope", "tracing", "bind"]
+__all__ = ["Tensor", "Tracer", "name_scope", "tracing", "bind"]

@@ -19,7 +19,7 @@ from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.ops.math import add, subtract
 from graphdist.ops.operators import Operators
-from graphdist.runtime.backends import backend_for, host_value
+from graphdist.device.backends import backend_for, host_value
 
 _ids = itertools.count()
 

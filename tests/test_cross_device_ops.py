@@ -15,7 +15,7 @@ from graphdist.ops import OPS
 from graphdist.runtime import kernel_table
 from graphdist.ops.host_collectives import host_all_reduce_ref
 from graphdist.passes import collectives
-from graphdist.passes.builder import Builder
+from graphdist.ir.builder import Builder
 
 SHAPES = [(), (1,), (7,), (8, 125), (4097,)]   # sizes 1, 1, 7, 1000, 4097
 OPS_UNDER_TEST = {
@@ -252,7 +252,7 @@ def test_host_all_reduce_refuses_gpu_devices():
 
 
 def test_choose_cross_device_ops(monkeypatch):
-    from graphdist.distribute import devices as devices_module
+    from graphdist.device import names as devices_module
 
     assert isinstance(cdo.choose_cross_device_ops(["cpu:0", "cpu:1"]), cdo.HostAllReduce)
     assert isinstance(gd.MirroredStrategy(["cpu:0", "cpu:1"]).cross_device_ops,

@@ -12,7 +12,7 @@ from graphdist.ir import ArrayType, Eqn, Graph, Var, check
 from graphdist.ops import OPS
 from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code, liveness,
                               place, schedule)
-from graphdist.runtime.backends import CPU
+from graphdist.device.backends import CPU
 from graphdist.runtime.lower import lower
 
 F32 = np.dtype("float32")

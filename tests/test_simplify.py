@@ -8,7 +8,7 @@ from graphdist.ir import ArrayType, Eqn, Graph, Lit, Var, check
 from graphdist.ops import OPS
 from graphdist.passes import eliminate_dead_code
 from graphdist.passes.simplify import simplify
-from graphdist.runtime.backends import CPU
+from graphdist.device.backends import CPU
 from graphdist.runtime.lower import lower
 
 F32 = np.dtype("float32")

@@ -1,4 +1,4 @@
-"""Thread and BLAS settings chosen at import (graphdist/runtime/threads.py)."""
+"""Thread and BLAS settings chosen at import (graphdist/device/threads.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from graphdist.runtime import threads
+from graphdist.device import threads
 
 
 def _env_after_import(env: dict) -> str:

@@ -1,4 +1,4 @@
-"""Device backends: the array module (numpy or CuPy), kernel table and buffer moves of a device.
+"""Device backends: the array module (numpy or CuPy) and buffer moves of a device.
 
 CuPy is imported only when a gpu:N device is used, so `import graphdist` needs no CUDA.
 A host backend has no streams: its `enter`, `record` and `wait` are never called (the
@@ -8,12 +8,9 @@ lowering asks `ordered` first).
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 
 import numpy as np
-
-from graphdist.runtime.kernel_table import KERNELS, OUT_KERNELS
 
 
 class Backend:
@@ -50,17 +47,6 @@ class Backend:
         time; the compiled program switches devices itself)."""
         return contextlib.nullcontext()
 
-    def kernel(self, op):
-        """The kernel that runs `op` here, if one is listed (runtime/kernel_table.py)."""
-        return KERNELS.get((self.kind, op.name))
-
-    def out_impl(self, op):
-        """`fn(out, *inputs, **params)` writing `op`'s result into `out`: a kernel listed
-        for this device kind, else the op's generic out_impl on this array module."""
-        fn = OUT_KERNELS.get((self.kind, op.name))
-        if fn is None and op.out_impl is not None:
-            fn = functools.partial(op.out_impl, self.xp)
-        return fn
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device!r})"
@@ -72,7 +58,7 @@ CPU = Backend()
 def backend_for(device: str) -> Backend:
     if device.startswith("cpu"):
         return CPU
-    from graphdist.runtime.gpu import gpu_backend  # lazily: imports cupy
+    from graphdist.device.gpu import gpu_backend  # lazily: imports cupy
 
     return gpu_backend(device)
 

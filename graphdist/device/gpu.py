@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from graphdist.runtime.backends import Backend
+from graphdist.device.backends import Backend
 
 
 def cupy():
@@ -122,7 +122,7 @@ _made: dict[str, GpuBackend] = {}
 
 def gpu_backend(device: str) -> GpuBackend:
     """The backend of logical GPU `device` ("gpu:N"), made once per process."""
-    from graphdist.distribute.devices import physical_gpu_count, physical_gpu_of
+    from graphdist.device.names import physical_gpu_count, physical_gpu_of
 
     backend = _made.get(device)
     if backend is not None:

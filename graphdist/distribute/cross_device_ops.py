@@ -27,7 +27,7 @@ class ReductionToOneDevice(CrossDeviceOps):
         self.reduce_to_device = reduce_to_device
 
     def options(self) -> dict:
-        from graphdist.distribute.devices import canonical
+        from graphdist.device.names import canonical
 
         return {"reduce_to_device": canonical(self.reduce_to_device)
                 if self.reduce_to_device else None}
@@ -96,7 +96,7 @@ def choose_cross_device_ops(devices) -> CrossDeviceOps:
     >>> choose_cross_device_ops(["cpu:0", "cpu:1"])
     HostAllReduce()
     """
-    from graphdist.distribute.devices import device_kind
+    from graphdist.device.names import device_kind
 
     kinds = {device_kind(dev) for dev in devices}
     if kinds == {"cpu"}:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.distribute import context
-from graphdist.distribute.devices import canonical, default_device, devices as all_devices
+from graphdist.device.names import canonical, default_device, devices as all_devices
 from graphdist.distribute.input import distribute_batch
-from graphdist.runtime.backends import host_value
+from graphdist.device.backends import host_value
 from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, ValueContext,
-                                         map_structure)
+                                         _as_tensor_value, map_structure)
 from graphdist.ops.core import Symbolic, current_tracer
 
 
@@ -64,6 +64,31 @@ def _select_by_replica(values, n: int):
     for k in range(1, n):
         out = where(equal(rid, np.int32(k)), values[k], out)
     return out
+
+
+def _require_cross_replica_context(method: str, instead: str) -> None:
+    """strategy.run / reduce work on all replicas at once: inside a replica function (inside
+    strategy.run) they are an error, as in TF; merge_fn is cross-replica context again."""
+    if not context.has_strategy() or context.in_cross_replica_context():
+        return
+    from graphdist.errors import user_frame_text
+
+    where = user_frame_text()
+    raise RuntimeError(f"strategy.{method}() was called inside a replica function (in "
+                       f"strategy.run); it is only allowed in cross-replica context: outside "
+                       f"strategy.run, or in the merge_fn of ReplicaContext.merge_call. In a "
+                       f"replica function, {instead}" + (f"\n  at  {where}" if where else ""))
+
+
+def _on_devices(value, devices):
+    """Record on every PerReplica of `value` which devices its values belong to."""
+    def tag(v):
+        if isinstance(v, PerReplica) and not isinstance(v, LocalValue) and v.devices is None \
+                and devices is not None and len(v.values) == len(devices):
+            v.devices = tuple(devices)
+        return v
+
+    return map_structure(tag, value)
 
 
 def _is_mirrored_tensor(t) -> bool:
@@ -174,6 +199,8 @@ class Strategy:
         """Run `fn` once per replica. Inside gd.function it joins that trace; on its own it is
         traced and compiled once per input signature. Returns a PerReplica, or a plain value
         where every replica returns the same mirrored value."""
+        _require_cross_replica_context("run", "call fn directly: it already runs once per "
+                                       "replica")
         args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
         kwargs = kwargs or {}
         tracer = current_tracer()
@@ -189,16 +216,18 @@ class Strategy:
                                  and not _is_mirrored_tensor(v) else v, out)
         compiled = self._run_functions.get(fn)
         if compiled is None:
-            from graphdist.trace import function
+            from graphdist.function import function
 
             compiled = function(lambda *a, **k: self.run(fn, a, k))
             compiled.__name__ = getattr(fn, "__name__", "replica_fn")
             self._run_functions[fn] = compiled
-        return compiled(*args, **kwargs)
+        return _on_devices(compiled(*args, **kwargs), self._devices)
 
     def reduce(self, op, value, axis=None):
         """Reduce a per-replica value across replicas (and along `axis` of every component:
         MEAN with axis=0 is the mean over every example of the global batch)."""
+        _require_cross_replica_context("reduce", "use gd.get_replica_context().all_reduce(op, "
+                                       "value), or merge_call(merge_fn) to reduce in merge_fn")
         op = _reduce_op(op)
         if isinstance(value, (list, tuple, dict)):   # a structure (as run returns): each leaf
             return map_structure(lambda v: self.reduce(op, v, axis), value)
@@ -229,8 +258,8 @@ class Strategy:
     def _eager_parts(self, what: str, value) -> list:
         """The replicas' components of `value` as numpy arrays (a plain value: n copies)."""
         n = self.num_replicas_in_sync
-        if not isinstance(value, PerReplica):
-            return [np.asarray(host_value(value))] * n
+        if not isinstance(value, PerReplica):   # a value on every replica, typed as in a trace
+            return [np.asarray(host_value(_as_tensor_value(value)))] * n
         if len(value.values) != n:
             raise ValueError(f"{what}: a PerReplica of {len(value.values)} values, but the "
                              f"strategy runs {n} replicas")
@@ -279,24 +308,26 @@ class Strategy:
         n = self.num_replicas_in_sync
         if n == 1:
             return iterable
-        return _DistributedIterable(iterable, n)
+        return _DistributedIterable(iterable, n, self._devices)
 
     def experimental_distribute_values_from_function(self, fn):
         values = [fn(ValueContext(i, self.num_replicas_in_sync))
                   for i in range(self.num_replicas_in_sync)]
-        return values[0] if len(values) == 1 else PerReplica(values)
+        return values[0] if len(values) == 1 else PerReplica(values, self._devices)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={list(self._devices)})"
 
 
 class _DistributedIterable:
-    def __init__(self, iterable, n: int):
+    def __init__(self, iterable, n: int, devices=None):
         self.iterable = iterable
         self.n = n
+        self.devices = devices
 
     def __iter__(self):
-        return (distribute_batch(batch, self.n) for batch in self.iterable)
+        return (_on_devices(distribute_batch(batch, self.n), self.devices)
+                for batch in self.iterable)
 
     def __len__(self):
         return len(self.iterable)

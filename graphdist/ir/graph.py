@@ -113,7 +113,7 @@ class Graph:
     variables: tuple = ()
     devices: tuple = ()
     replication: Replication | None = None   # set by replicate and merge
-    liveness: object = None                  # set by schedule (passes.schedule.Liveness)
+    liveness: object = None                  # set by schedule (ir.liveness.Liveness)
 
     @property
     def num_args(self) -> int:

@@ -27,7 +27,7 @@ import numpy as np
 from graphdist.errors import GraphError
 from graphdist.ir import COLLECTIVES_SCOPE, ArrayType, Eqn, Graph, Lit, Var
 from graphdist.ops import OPS
-from graphdist.passes.builder import Builder
+from graphdist.ir.builder import Builder
 
 LOWERINGS: dict = {}
 LOGICAL_COLLECTIVES = ("all_reduce", "broadcast")

@@ -34,7 +34,7 @@ from graphdist.ir import ArrayType, Graph, Lit, Replication, Var
 from graphdist.ops import OPS
 from graphdist.ops.array import Const
 from graphdist.ops.core import normalize_axis
-from graphdist.passes.builder import Builder
+from graphdist.ir.builder import Builder
 from graphdist.passes.cse import eliminate_common_subexpressions
 from graphdist.passes.dce import eliminate_dead_code
 

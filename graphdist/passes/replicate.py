@@ -10,7 +10,7 @@ import numpy as np
 from graphdist.errors import GraphError, ShapeError
 from graphdist.ir import COLLECTIVES_SCOPE, ArrayType, Eqn, Graph, Lit, Replication, Var
 from graphdist.ir.printer import Namer
-from graphdist.passes.builder import Builder
+from graphdist.ir.builder import Builder
 
 
 def _segments(g: Graph):

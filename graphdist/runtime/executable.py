@@ -9,12 +9,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from graphdist import config
-from graphdist.distribute.devices import is_gpu
+from graphdist.device.names import is_gpu
 from graphdist.errors import WorkerError
 from graphdist.ir import Graph, Var
-from graphdist.passes import schedule
-from graphdist.runtime import threads
-from graphdist.runtime.backends import backend_for
+from graphdist.device import threads
+from graphdist.device.backends import backend_for
 from graphdist.runtime.lower import lower
 
 _ABORT = object()
@@ -78,7 +77,7 @@ def _guarded(program, devices):
     device and stream (the program switches between the devices' streams)."""
     if not _on_gpu(devices):
         return program
-    from graphdist.runtime.gpu import restored_stream
+    from graphdist.device.gpu import restored_stream
 
     def run(*arrays):
         with restored_stream():
@@ -162,7 +161,6 @@ class MultiDeviceExecutable:
         sub = Graph(inputs=tuple(args) + tuple(imports) + tuple(states), eqns=eqns,
                     outputs=tuple(results) + tuple(finals), variables=tuple(variables),
                     devices=(device,))
-        sub = schedule(sub)
         storage = {s: _storage(s, self.variables[v]) for s, v in zip(states, variables)}
         return lower(sub, backend_for(device), storage, imports=imports, exports=exports,
                      events=[] if self.profile else None)
@@ -254,7 +252,7 @@ class MergedExecutable:
         states = merged.inputs[merged.num_args:]
         storage = {s: variables[ref].values[k] for s, ref, k in
                    zip(states, merged.variables, merged.replication.components)}
-        program = lower(schedule(merged), backend_for(self.devices[0]), storage,
+        program = lower(merged, backend_for(self.devices[0]), storage,
                         events=[] if profile else None)
         self.program = program
         self.programs = [program]
@@ -307,9 +305,8 @@ class SequentialExecutable:
         self.returned = returned_results(placed, shared_results)
         results = tuple(v for per in self.returned for v in per)
         finals = placed.outputs[self.replicas * placed.replication.results_per_replica:]
-        whole = schedule(Graph(inputs=placed.inputs, eqns=placed.eqns,
-                               outputs=results + finals, variables=placed.variables,
-                               devices=placed.devices))
+        whole = Graph(inputs=placed.inputs, eqns=placed.eqns, outputs=results + finals,
+                      variables=placed.variables, devices=placed.devices)
         storage = {s: _storage(s, variables[v]) for s, v in
                    zip(placed.inputs[placed.num_args:], placed.variables)}
         program = lower(whole, backend_for(self.devices[0]), storage,

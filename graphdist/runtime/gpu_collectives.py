@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-from graphdist.runtime.gpu import cupy, gpu_backend
+from graphdist.device.gpu import cupy, gpu_backend
 
 
 def nccl_all_reduce(outs, *xs, op, devices):

@@ -15,6 +15,8 @@ program that uses them is lowered, so `import graphdist` compiles nothing.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # ---------------------------------------------------------------- optimizer updates (CPU)
@@ -64,7 +66,7 @@ def adam_multi_cpu(*arrays, n, lr, beta_1, beta_2, epsilon, weight_decay):
 # launched on the stream of the device running the node, in place on the donated buffers
 
 def _stream():
-    from graphdist.runtime.gpu import current_numba_stream
+    from graphdist.device.gpu import current_numba_stream
 
     return current_numba_stream()
 
@@ -170,6 +172,21 @@ def where_cpu(out, c, x, y):
 
 
 # ---------------------------------------------------------------- the tables
+
+
+def kernel(backend, op):
+    """The kernel that runs `op` on `backend`'s device kind, if one is listed."""
+    return KERNELS.get((backend.kind, op.name))
+
+
+def out_impl(backend, op):
+    """`fn(out, *inputs, **params)` writing `op`'s result into `out`: a kernel listed for the
+    backend's device kind, else the op's generic out_impl on the backend's array module."""
+    fn = OUT_KERNELS.get((backend.kind, op.name))
+    if fn is None and op.out_impl is not None:
+        fn = functools.partial(op.out_impl, backend.xp)
+    return fn
+
 
 KERNELS = {
     ("cpu", "sgd_update"): sgd_cpu,

@@ -16,9 +16,10 @@ import numpy as np
 
 from graphdist import config
 from graphdist.ir import Graph, Lit, Var
-from graphdist.passes.schedule import liveness
-from graphdist.runtime.backends import Backend, backend_for
+from graphdist.ir.liveness import liveness
+from graphdist.device.backends import Backend, backend_for
 from graphdist.runtime.program import Program, compile_program
+from graphdist.runtime import kernel_table
 from graphdist.runtime.streams import StreamOrder
 
 ARENA_MIN_BYTES = 16 * 1024
@@ -206,8 +207,8 @@ class _Lowering:
         if op.view and self.static_view(eqn, backend, params):
             return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
-        kernel = backend.kernel(op) if (self.fused or not op.inplace) else None
-        out_impl = backend.out_impl(op)
+        kernel = kernel_table.kernel(backend, op) if (self.fused or not op.inplace) else None
+        out_impl = kernel_table.out_impl(backend, op)
         if kernel is not None and op.inplace:
             self.lower_inplace(i, eqn, kernel, params)
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from graphdist.ir import Graph
+from graphdist.ir import Graph, Var
 from graphdist.ir import COLLECTIVES_SCOPE
 from graphdist.viz.model import human_bytes, human_count, read
 
@@ -15,7 +15,7 @@ def peak_bytes(g: Graph) -> dict:
     """Device -> most bytes of eqn-made buffers alive at once on it. Lifetimes come from the
     schedule's liveness in program order; each buffer counts on the device that holds it, so
     a one-device graph gives exactly `liveness(g).peak_bytes`."""
-    from graphdist.passes.schedule import liveness
+    from graphdist.ir.liveness import liveness
 
     lv = liveness(g)
     dying: dict = {}
@@ -57,16 +57,35 @@ def _collective_groups(view) -> list:
     return groups
 
 
-def _describe(nodes) -> dict:
+def _carried(g: Graph, n) -> list:
+    """The tensors one replica sends into collective node `n`: its inputs on one device (all
+    of them for a list all-reduce over several tensors, and in a logical graph), the largest
+    such group; of a fused all-reduce + update only the buckets (its first `replicas`)."""
+    eqn = g.eqns[n.index]
+    ins = eqn.inputs[:dict(eqn.params).get("replicas", len(eqn.inputs))]
+    groups: dict = {}
+    for x in ins:
+        if isinstance(x, Var):
+            groups.setdefault(x.device, []).append(x.ty)
+    return max(groups.values(), key=lambda ts: sum(t.nbytes for t in ts),
+               default=list(n.types[:1]))
+
+
+def _types_text(types) -> str:
+    text = ", ".join(str(t) for t in types[:3])
+    return text + (f" +{len(types) - 3} more" if len(types) > 3 else "")
+
+
+def _describe(g: Graph, nodes) -> dict:
     main = [n for n in nodes if n.kind == "copy" or n.spanning or n.op in
             ("all_reduce", "broadcast")] or nodes
     counts = Counter(n.op for n in nodes)
     first = max(main, key=lambda n: sum(t.nbytes for t in n.types))
     head = f"{first.op}[{first.params}]" if first.params else first.op
-    carried = [(n.in_types or n.types)[:1] for n in main]    # what a collective carries
-    payload = max((t.nbytes for ts in carried for t in ts), default=0)
-    shown = (first.in_types or first.types)[:1]
-    return {"op": head, "ops": dict(counts), "type": str(shown[0]) if shown else "",
+    carried = [_carried(g, n) for n in main]                 # what a collective carries
+    payload = max((sum(t.nbytes for t in ts) for ts in carried), default=0)
+    shown = _carried(g, first)
+    return {"op": head, "ops": dict(counts), "type": _types_text(shown),
             "payload": payload, "moved": sum(n.moved for n in nodes),
             "devices": sorted({d for n in nodes for d in n.devices}, key=str),
             "nodes": [n.name for n in nodes]}
@@ -86,7 +105,7 @@ def stats(g: Graph) -> dict:
         ops[n.device][n.op] += 1
         flops[n.device] += n.flops
         touched[n.device] += n.bytes
-    colls = [_describe(c) for c in _collective_groups(view)]
+    colls = [_describe(g, c) for c in _collective_groups(view)]
     return {"devices": lanes, "eqns": len(g.eqns), "inputs": len(g.inputs),
             "ops": {d: dict(c) for d, c in ops.items()}, "flops": flops, "bytes": touched,
             "peak_bytes": peak_bytes(g), "collectives": colls,

@@ -15,7 +15,7 @@ import pytest
 
 import graphdist as gd
 from graphdist import config
-from graphdist.distribute.devices import physical_gpu_count, physical_gpu_of
+from graphdist.device.names import physical_gpu_count, physical_gpu_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gd.devices("gpu"), reason="needs a GPU (CuPy + CUDA)")]

@@ -1,0 +1,1 @@
+"""Devices: names and discovery, the numpy and CuPy backends, thread control."""
