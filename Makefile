@@ -21,6 +21,7 @@ run: $(VENV)/.installed
 	$(BIN)/graphdist demo
 
 test: $(VENV)/.installed-test
+	$(BIN)/lint-imports --no-logo --no-cache
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed
