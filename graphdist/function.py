@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import inspect
 import threading
+import time
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from graphdist import config
 from graphdist.ir import ArrayType, Graph, as_dtype
 from graphdist.distribute.values import PerReplica
 from graphdist.ops.core import Symbolic, current_tracer, is_python_scalar
+from graphdist.progress import slow_notice
 from graphdist.pytree import flatten, unflatten
 from graphdist.device.backends import is_device_array
 from graphdist.errors import user_frame_text
@@ -124,6 +126,14 @@ def _replica_count(tree_value) -> int | None:
     return counts.pop() if counts else None
 
 
+def _replica_shape_table(seen: list) -> list | None:
+    """Per crossing of replicas, every replica's shape (from each replica's trace), or None
+    when all replicas saw the same shapes or took different paths."""
+    if all(s == seen[0] for s in seen) or any(len(s) != len(seen[0]) for s in seen):
+        return None
+    return [tuple(s[k] for s in seen) for k in range(len(seen[0]))]
+
+
 def _view(tree_value, r: int):
     """What replica r's code sees: each PerReplica becomes a LocalValue of its r-th value."""
     from graphdist.distribute.values import LocalValue, map_structure
@@ -163,8 +173,12 @@ class Function:
             return self.fn(*args, **kwargs)
         leaves, key = self._signature(args, kwargs)
         compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = self._compile(key, leaves, args, kwargs)
+        if compiled is None:     # trace, compile and the first run (Numba kernels load)
+            with slow_notice(f"compiling gd.function {self.__name__} for a new signature "
+                             "(tracing, compile passes, then the Numba kernels the step uses, "
+                             "loaded from or compiled into the on-disk cache)"):
+                compiled = self._compile(key, leaves, args, kwargs)
+                return compiled(leaves)
         return compiled(leaves)
 
     # ------------------------------------------------------------ signature
@@ -234,11 +248,13 @@ class Function:
         tree, specs, _ = key
         index_tree = unflatten(tree, list(range(len(leaves))))
         n_args = _replica_count(index_tree)
+        if n_args:
+            self._check_per_replica_static(index_tree, n_args, specs)
         view = _view(index_tree, 0) if n_args else index_tree
         stages: list = []
         variables: dict = {}
-        graph, out_tree, out_kinds, strategy = self._trace(view, leaves, specs, variables,
-                                                           stages)
+        graph, out_tree, out_kinds, strategy, seen = self._trace(view, leaves, specs, variables,
+                                                                 stages)
         if strategy is None:   # no strategy.run, but mirrored variables: their strategy
             found = {v._strategy for v in variables.values() if len(v.devices) > 1}
             strategy = found.pop() if len(found) == 1 else None
@@ -252,16 +268,24 @@ class Function:
             return Compiled(graph, out_tree, out_kinds, plan, variables,
                             [self._feed(view, specs)])
         views = [_view(index_tree, r) for r in range(n)] if n_args else [index_tree] * n
-        by_shapes = {}
-        graphs = []
-        for r, v in enumerate(views):
-            feed = self._feed(v, specs)
-            shapes = tuple(specs[i] for i in feed)
-            if r == 0:
-                by_shapes[shapes] = graph
-            elif shapes not in by_shapes:      # an uneven shard: trace its shapes too
-                by_shapes[shapes] = self._trace(v, leaves, specs, variables)[0]
-            graphs.append(by_shapes[shapes])
+        shape_keys = [tuple(specs[i] for i in self._feed(v, specs)) for v in views]
+        known, rounds = None, 0
+        while True:
+            by_shapes = {shape_keys[0]: (graph, seen)}
+            for r, v in enumerate(views):      # an uneven shard: trace its shapes too
+                if shape_keys[r] not in by_shapes:
+                    traced = self._trace(v, leaves, specs, variables, known=known)
+                    by_shapes[shape_keys[r]] = (traced[0], traced[4])
+            table = _replica_shape_table([by_shapes[k][1] for k in shape_keys])
+            rounds += 1
+            if table is None or table == known or rounds > 8:
+                break
+            # per-replica values of uneven shards crossed replicas (strategy.gather, say):
+            # trace again, now that every replica's shapes are known
+            known, stages = table, []
+            graph, out_tree, out_kinds, _, seen = self._trace(view, leaves, specs, variables,
+                                                              stages, known)
+        graphs = [by_shapes[k][0] for k in shape_keys]
         shared = [k for k, kind in enumerate(r for r in out_kinds if r[0] != "static")
                   if kind[0] == "mirrored"]
         feeds = [self._feed(v, specs) for v in views]
@@ -269,17 +293,39 @@ class Function:
         plan = pipeline.replicated(graphs, strategy, same_array, stages)
         return Compiled(graph, out_tree, out_kinds, plan, variables, feeds, shared)
 
+    def _check_per_replica_static(self, index_tree, n: int, specs) -> None:
+        """Every replica runs replica 0's trace: the leaves of PerReplica components that the
+        trace bakes in (anything not an array) must be the same on every replica."""
+        first, paths, tree = flatten(_view(index_tree, 0))
+        for r in range(1, n):
+            leaves, _, other = flatten(_view(index_tree, r))
+            if other != tree:
+                raise ValueError(f"gd.function {self.__name__}: a PerReplica argument's values "
+                                 f"differ in structure between replica 0 and replica {r}")
+            for i, j, p in zip(first, leaves, paths):
+                if specs[i][0] != "array" and specs[i] != specs[j]:
+                    raise ValueError(
+                        f"gd.function {self.__name__}: argument "
+                        f"{self._path_name(p.replace('.values[0]', ''))} of a PerReplica is "
+                        f"{_spec_text(specs[i])} on replica 0 but {_spec_text(specs[j])} on "
+                        f"replica {r}; only arrays and numbers may differ between replicas "
+                        "(one program is traced for all of them)")
+
     @staticmethod
     def _feed(view, specs) -> list:
         indices, _, _ = flatten(view)
         return [i for i in indices if specs[i][0] == "array"]
 
-    def _trace(self, view, leaves, specs, variables: dict, stages: list | None = None):
-        """Trace `fn` on `view`; the Variables it captured are added to `variables`."""
+    def _trace(self, view, leaves, specs, variables: dict, stages: list | None = None,
+               known: list | None = None):
+        """Trace `fn` on `view`; the Variables it captured are added to `variables`. `known`:
+        every replica's shapes of the per-replica values that cross replicas, in order."""
         from graphdist.distribute.values import LocalValue
 
         indices, paths, view_tree = flatten(view)
         tracer = Tracer()
+        tracer.replica_shapes_known = known
+        start = time.perf_counter()
         with tracing(tracer):
             traced = [tracer.new_arg(ArrayType(specs[i][1], specs[i][2]),
                                      self._path_name(p.replace(".values[0]", "")))
@@ -306,8 +352,8 @@ class Function:
         from graphdist import pipeline
 
         variables.update(tracer.captured())
-        graph = pipeline.logical(tracer.graph(results), stages)
-        return graph, out_tree, kinds, tracer.strategy
+        graph = pipeline.logical(tracer.graph(results), stages, time.perf_counter() - start)
+        return graph, out_tree, kinds, tracer.strategy, tracer.replica_shapes_seen
 
     # ------------------------------------------------------------ inspection
     def _entry(self, args, kwargs) -> Compiled:

@@ -1,9 +1,40 @@
-"""A dependency-free one-line progress bar for the CLI."""
+"""A dependency-free one-line progress bar for the CLI, and the notice a slow compile
+gives."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
+
+# a first call that takes longer than this says what it is doing (trace, passes, kernels)
+SLOW_SECONDS = 1.0
+
+
+@contextlib.contextmanager
+def slow_notice(what: str, stream=None):
+    """If the block runs longer than SLOW_SECONDS, say `what` is happening (on stderr, from
+    a timer thread, while it still runs) and then how long it took."""
+    stream = stream or sys.stderr
+    start = time.perf_counter()
+    told = threading.Event()
+
+    def tell():
+        told.set()
+        stream.write(f"graphdist: {what} ...\n")
+        stream.flush()
+
+    timer = threading.Timer(SLOW_SECONDS, tell)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if told.is_set():
+            stream.write(f"graphdist: done in {time.perf_counter() - start:.1f} s\n")
+            stream.flush()
 
 
 class ProgressBar:

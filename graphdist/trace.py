@@ -68,6 +68,10 @@ class Tracer:
         self.read_owner: dict = {}    # read Var -> Variable (what tapes differentiate to)
         self.scopes: list[str] = []
         self.strategy = None          # the strategy whose replicas this trace runs, if > 1
+        # shapes of per-replica values crossing replicas (uneven shards; distribute/values.py
+        # replica_shapes): this replica's, in order, and every replica's when gd.function knows
+        self.replica_shapes_seen: list = []
+        self.replica_shapes_known: list | None = None
 
     # ------------------------------------------------------------ values
     def new_arg(self, ty: ArrayType, hint: str | None) -> Tensor:

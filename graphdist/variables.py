@@ -131,6 +131,7 @@ class Variable(Operators, Symbolic):
     def eager_value(self) -> np.ndarray:
         if not self.on_read or len(self._values) == 1:
             return self._host(0)
+        sync.check_cross_replica_read(self)
         agg = self._aggregation
         parts = [self._host(k) for k in range(len(self._values))]
         if agg is VariableAggregation.SUM:
@@ -215,9 +216,13 @@ class Variable(Operators, Symbolic):
         return self._name
 
     def __repr__(self) -> str:
-        return (f"<gd.Variable '{self._name}' shape={self.shape} dtype={self.dtype} "
-                f"numpy={self.numpy()!r}>" if current_tracer() is None else
-                f"<gd.Variable '{self._name}' shape={self.shape} dtype={self.dtype}>")
+        text = f"<gd.Variable '{self._name}' shape={self.shape} dtype={self.dtype}"
+        if current_tracer() is not None:
+            return text + ">"
+        if self.on_read and self._aggregation is VariableAggregation.NONE \
+                and len(self._values) > 1:    # no cross-replica value to show
+            return text + f" values={[self._host(k) for k in range(len(self._values))]!r}>"
+        return text + f" numpy={self.numpy()!r}>"
 
     def __bool__(self):
         raise TypeError(f"the truth value of variable '{self._name}' is ambiguous")

@@ -95,6 +95,35 @@ def test_one_fused_node_per_device_and_replicas_bit_identical():
         gd.config.set_device_concurrency("auto")
 
 
+def test_many_replicas_split_the_fused_update_into_nodes_of_at_most_16_tensors():
+    """8 replicas x 4 tensors: two host_reduce_update nodes of 2 tensors each (the kernels
+    take tuples of up to 16 arrays), with the same bits as the all-reduce and the updates
+    apart (threads mode does not fuse them)."""
+    from graphdist.passes.fuse import MAX_TENSORS_PER_NODE
+
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(8)])
+    x, y = _data()
+    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
+    results = {}
+    for mode in ("auto", "threads"):
+        gd.config.set_device_concurrency(mode)
+        try:
+            step, ws = _model(strategy, OPTIMIZERS["adam"])
+            for _ in range(3):
+                step(batch)
+        finally:
+            gd.config.set_device_concurrency("auto")
+        nodes = [e for e in step.replicated_graph.eqns if e.op.name == "host_reduce_update"]
+        results[mode] = ([w.numpy() for w in ws], nodes)
+    nodes = results["auto"][1]
+    assert len(nodes) == 2 and not results["threads"][1]
+    assert all(dict(e.params)["n"] * 8 <= MAX_TENSORS_PER_NODE for e in nodes)
+    assert sorted(o for e in nodes for o in dict(e.params)["offsets"]) == sorted(
+        set(o for e in nodes for o in dict(e.params)["offsets"]))      # disjoint tensors
+    for a, b in zip(results["auto"][0], results["threads"][0]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_dtypes_and_hyperparameters_split_groups():
     with gd.OneDeviceStrategy("cpu:0").scope():
         vs = [gd.Variable(np.ones(4, dt)) for dt in ("float32", "float32", "float64", "float64")]
@@ -132,3 +161,48 @@ def test_fuse_is_pure_and_detects_fixpoint():
     from graphdist.ir import check
 
     check(fused)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("devices", [1, 2])
+def test_dependent_updates_of_two_steps_get_one_node_each(name, devices):
+    # two apply_gradients in one function: the second step's updates read the first's
+    # results, so they cannot share its node (that was a cycle); each step stays one node
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)])
+    results = {}
+    for fused in (True, False):
+        gd.config.set_fused_kernels(fused)
+        with strategy.scope():
+            ws = [gd.Variable(np.full(s, 2.0, np.float32)) for s in [(3, 2), (2,)]]
+            opt = OPTIMIZERS[name]()
+
+        def replica_fn(opt=opt, ws=ws):
+            for _ in range(2):
+                opt.apply_gradients([(w * 1.0, w) for w in ws])
+
+        step = gd.function(lambda: strategy.run(replica_fn))
+
+        step()
+        g = step.graph
+        results[fused] = [w.numpy() for w in ws]
+        multi = [e for e in g.eqns if "multi_update" in e.op.name]
+        assert len(multi) == (2 if fused else 0)
+        from graphdist.ir import check
+
+        check(g)
+    for a, b in zip(results[True], results[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_two_sgd_steps_in_one_function():
+    with gd.OneDeviceStrategy("cpu:0").scope():
+        w = gd.Variable(np.ones(3, np.float32))
+        opt = gd.optimizers.SGD(0.5)
+
+    @gd.function
+    def step():
+        for _ in range(2):
+            opt.apply_gradients([(w * 1.0, w)])
+
+    step()
+    np.testing.assert_allclose(w.numpy(), 0.25)

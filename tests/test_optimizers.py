@@ -305,6 +305,70 @@ def test_gradient_reduction_sum_on_one_device_is_plain_update():
     _close(w.numpy(), np.full(3, 0.5), "w")
 
 
+# ---------------------------------------------------------------- clipping
+
+
+def clip_ref(grads, clipnorm=None, global_clipnorm=None):
+    """Keras: clipnorm clips each gradient's L2 norm, global_clipnorm all of them together."""
+    if clipnorm is not None:
+        return [g * clipnorm / max(np.linalg.norm(g), clipnorm) for g in grads]
+    if global_clipnorm is not None:
+        norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+        return [g * global_clipnorm / max(norm, global_clipnorm) for g in grads]
+    return grads
+
+
+@pytest.mark.parametrize("clip", [{"clipnorm": 0.5}, {"clipnorm": 100.0},
+                                  {"global_clipnorm": 0.7}, {"global_clipnorm": 100.0}],
+                         ids=["norm", "norm_unclipped", "global", "global_unclipped"])
+@pytest.mark.parametrize("cls, kw", [("SGD", {"momentum": 0.9}), ("Adam", {}),
+                                     ("AdamW", {"weight_decay": 0.1})])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clipping_after_the_reduction_matches_reference(cls, kw, clip, dtype, fused):
+    # two replicas with different gradients: the mean is clipped, not each replica's part
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    rng = np.random.default_rng(3)
+    w0, b0 = rng.normal(size=(3, 2)).astype(dtype), rng.normal(size=(2,)).astype(dtype)
+    gw = [rng.normal(size=(3, 2)).astype(dtype) for _ in range(2)]
+    gb = [rng.normal(size=(2,)).astype(dtype) * 3 for _ in range(2)]
+    with strategy.scope():
+        w, b = gd.Variable(w0), gd.Variable(b0)
+        opt = getattr(gd.optimizers, cls)(learning_rate=0.1, **kw, **clip)
+    step = gd.function(lambda gw, gb: strategy.run(
+        lambda x, y: opt.apply_gradients([(x, w), (y, b)]), args=(gw, gb)))
+    ref = {"w": [w0.astype(np.float64), 0.0, 0.0], "b": [b0.astype(np.float64), 0.0, 0.0]}
+    mean = [(gw[0] + gw[1]) / 2.0, (gb[0] + gb[1]) / 2.0]
+    clipped = clip_ref([g.astype(np.float64) for g in mean], **clip)
+    if min(clip.values()) < 1:   # the case really clips; clipping each replica would differ
+        assert not np.allclose(clipped[1], mean[1])
+        per_replica = [clip_ref([gw[r], gb[r]], **clip) for r in range(2)]
+        assert not np.allclose((per_replica[0][1] + per_replica[1][1]) / 2, clipped[1])
+    for t in range(1, 4):
+        step(gd.PerReplica(gw), gd.PerReplica(gb))
+        for key, g in zip(("w", "b"), clipped):
+            p, m, v = ref[key]
+            if cls == "SGD":
+                p, m = sgd_ref(p, g, m, 0.1, **kw)
+            else:
+                p, m, v = adam_ref(p, g, m, v, t, 0.1, **_ref_kwargs(kw))
+            ref[key] = [p, m, v]
+        for var, key in ((w, "w"), (b, "b")):
+            assert var.dtype == dtype
+            for component in var.values:
+                _close(component, ref[key][0], f"{key} after step {t}")
+
+
+@pytest.mark.parametrize("clip", [{"clipnorm": 1.0}, {"global_clipnorm": 1.0}])
+def test_clipping_eagerly_on_one_device(clip):
+    w = gd.Variable(np.array([3.0, 4.0], np.float32))
+    b = gd.Variable(np.array([0.0], np.float32))
+    gd.optimizers.SGD(1.0, **clip).apply_gradients([(np.array([3.0, 4.0], np.float32), w),
+                                                     (np.array([12.0], np.float32), b)])
+    expected = clip_ref([np.array([3.0, 4.0]), np.array([12.0])], **clip)
+    _close(w.numpy(), np.array([3.0, 4.0]) - expected[0], "w")
+    _close(b.numpy(), -expected[1], "b")
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -325,9 +389,13 @@ def test_gradient_reduction_sum_on_one_device_is_plain_update():
     lambda: gd.optimizers.AdamW(beta_2=1.0),
     lambda: gd.optimizers.AdamW(weight_decay=-0.1),
     lambda: gd.optimizers.AdamW(gradient_reduction=None),
+    lambda: gd.optimizers.SGD(0.1, clipnorm=0.0),
+    lambda: gd.optimizers.Adam(global_clipnorm=-1.0),
+    lambda: gd.optimizers.AdamW(clipnorm=1.0, global_clipnorm=1.0),
 ], ids=["sgd_neg_lr", "sgd_nan_lr", "sgd_neg_momentum", "sgd_neg_wd", "sgd_nesterov_no_m",
         "sgd_reduction", "adam_neg_lr", "adam_b1_1", "adam_b2_gt1", "adam_neg_b1", "adam_neg_eps",
-        "adam_reduction", "adamw_neg_lr", "adamw_b2_1", "adamw_neg_wd", "adamw_reduction"])
+        "adam_reduction", "adamw_neg_lr", "adamw_b2_1", "adamw_neg_wd", "adamw_reduction",
+        "sgd_zero_clipnorm", "adam_neg_global_clipnorm", "adamw_both_clips"])
 def test_bad_constructor_args(make):
     with pytest.raises(ValueError):
         make()

@@ -15,15 +15,6 @@ Agg = gd.VariableAggregation
 Sync = gd.VariableSynchronization
 
 
-@pytest.fixture(autouse=True)
-def _short_collective_timeout():
-    # a replica waiting for a value nobody sends fails the test in seconds, not a minute
-    old = gd.config.collective_timeout()
-    gd.config.set_collective_timeout(5.0)
-    yield
-    gd.config.set_collective_timeout(old)
-
-
 @pytest.fixture
 def strategy():
     return gd.MirroredStrategy(list(DEVICES))

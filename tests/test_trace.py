@@ -214,3 +214,27 @@ def test_a_trace_in_one_thread_does_not_capture_another_threads_ops():
     np.testing.assert_array_equal(out, [2.0, 2.0])
     assert isinstance(seen["eager"], np.ndarray)
     np.testing.assert_array_equal(seen["eager"], [2.0, 2.0])
+
+
+def test_a_slow_first_call_says_what_it_is_doing(monkeypatch, capsys):
+    """A compile past progress.SLOW_SECONDS tells the user, while it runs, and how long it
+    took; a quick one says nothing."""
+    import time
+
+    from graphdist import progress
+
+    quick = gd.function(lambda x: x * 2.0)
+    quick(np.ones(2, np.float32))
+    assert "graphdist:" not in capsys.readouterr().err
+    monkeypatch.setattr(progress, "SLOW_SECONDS", 0.05)
+
+    @gd.function
+    def slow_to_trace(x):
+        time.sleep(0.3)               # tracing runs the Python function once
+        return x * 2.0
+
+    slow_to_trace(np.ones(2, np.float32))
+    err = capsys.readouterr().err
+    assert "compiling gd.function slow_to_trace" in err and "done in" in err
+    slow_to_trace(np.ones(2, np.float32))           # cached: no notice
+    assert "graphdist:" not in capsys.readouterr().err

@@ -21,6 +21,11 @@ def _stack() -> list:
 @contextlib.contextmanager
 def entered(strategy, replica_context=None):
     stack = _stack()
+    if stack and stack[-1][0] is not strategy and not _is_default(stack[-1][0]):
+        raise RuntimeError(f"Mixing different gd.distribute strategies: cannot enter {strategy!r} "
+                           f"(id {id(strategy):#x}) inside the scope or run of another "
+                           f"strategy object, {stack[-1][0]!r} (id {id(stack[-1][0]):#x}); "
+                           "leave the outer strategy's scope first")
     stack.append((strategy, replica_context))
     try:
         yield strategy
@@ -38,9 +43,17 @@ def get_strategy():
     return default_strategy()
 
 
+def _is_default(strategy) -> bool:
+    from graphdist.distribute.strategy import default_strategy
+
+    return strategy is default_strategy()
+
+
 def has_strategy() -> bool:
-    """True inside any strategy's scope() or run()."""
-    return bool(_stack())
+    """True inside a (non-default) strategy's scope() or run(): as in TF, the current strategy
+    is not the default one (so False in the default strategy's merge_fn, say)."""
+    stack = _stack()
+    return bool(stack) and not _is_default(stack[-1][0])
 
 
 def get_replica_context():

@@ -16,8 +16,9 @@ from graphdist.device.names import canonical, default_device, devices as all_dev
 from graphdist.distribute.input import distribute_batch
 from graphdist.device.backends import host_value
 from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, ValueContext,
-                                         _as_tensor_value, map_structure)
+                                         VariableAggregation, _as_tensor_value, map_structure)
 from graphdist.ops.core import Symbolic, current_tracer
+from graphdist.pytree import flatten, unflatten
 
 
 def _reduce_op(op) -> ReduceOp:
@@ -46,9 +47,30 @@ def _local(value, n: int = 1):
 
 
 def _select_by_replica(values, n: int):
+    """Structured components (tuples, lists, dicts) are selected leaf by leaf."""
     if len(values) != n:
         raise ValueError(f"a PerReplica of {len(values)} values given to {n} replicas")
+    flat = [flatten(v) for v in values]
+    tree = flat[0][2]
+    if tree is None:
+        return _select_leaf(values, n)
+    for k, (_, _, other) in enumerate(flat):
+        if other != tree:
+            raise ValueError(f"a PerReplica whose values differ in structure: replica 0 has "
+                             f"{values[0]!r}, replica {k} has {values[k]!r}")
+    return unflatten(tree, [_select_leaf([leaves[i] for leaves, _, _ in flat], n, path)
+                            for i, path in enumerate(flat[0][1])])
+
+
+def _select_leaf(values, n: int, path: str = ""):
     if all(not isinstance(x, Symbolic) for x in values):
+        if not all(isinstance(x, (np.ndarray, np.generic)) or hasattr(x, "__array__")
+                   or hasattr(x, "__cuda_array_interface__") for x in values):
+            if all(type(x) is type(values[0]) and x == values[0] for x in values):
+                return values[0]            # a static value (None, a string) all replicas share
+            raise ValueError(f"a PerReplica whose component{path} differs between replicas "
+                             f"but is not an array ({[values[k] for k in range(n)]!r}); traced "
+                             "code runs one program for every replica: make it a numpy array")
         arrays = [np.asarray(host_value(x)) for x in values]
         if all(a.dtype == arrays[0].dtype and np.array_equal(a, arrays[0]) for a in arrays):
             return values[0]
@@ -105,6 +127,16 @@ def _is_mirrored_tensor(t) -> bool:
                 return not dict(eqn.params)["var"].on_read
             return False
     return False
+
+
+def _read_if_no_aggregate(v):
+    """A variable returned by a replica function is read after run, in cross-replica context
+    (a sync-on-read one: its aggregate). One with aggregation NONE has no aggregate: each
+    replica returns its own component instead, as TF does for every variable."""
+    if getattr(v, "on_read", False) and getattr(v, "aggregation", None) is \
+            VariableAggregation.NONE and hasattr(v, "traced_read"):
+        return v.read_value()
+    return v
 
 
 class ReplicaContext:
@@ -212,6 +244,8 @@ class Strategy:
                 out = fn(*_local(args, n), **_local(kwargs, n))
             if self.num_replicas_in_sync == 1:
                 return out
+            with context.entered(self, ReplicaContext(self, 0)):
+                out = map_structure(_read_if_no_aggregate, out)
             return map_structure(lambda v: LocalValue((v,)) if isinstance(v, Symbolic)
                                  and not _is_mirrored_tensor(v) else v, out)
         compiled = self._run_functions.get(fn)

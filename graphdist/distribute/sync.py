@@ -10,7 +10,7 @@ from graphdist.distribute.context import get_replica_context
 from graphdist.distribute.values import LocalValue, PerReplica
 from graphdist.distribute.values import VariableAggregation as Agg
 from graphdist.ops.collectives import all_reduce, broadcast
-from graphdist.ops.core import Symbolic
+from graphdist.ops.core import Symbolic, is_python_scalar, scalar_dtype
 
 
 def in_replica_context(variable) -> bool:
@@ -52,18 +52,36 @@ def refuse_per_replica(variable):
                     "component with .values[k]")
 
 
+def check_cross_replica_read(variable) -> None:
+    """A sync-on-read variable with aggregation NONE has no cross-replica value (TF raises
+    too): only its replicas may read it, each its own component."""
+    if variable.aggregation is Agg.NONE:
+        raise ValueError(f"cannot read sync-on-read variable '{variable.name}' in cross-replica "
+                         "context: it has aggregation NONE, so there is no way to combine its "
+                         f"{len(variable.devices)} replicas' components; pass "
+                         "aggregation=gd.VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA "
+                         "when creating it, or read it inside strategy.run")
+
+
 def read(tracer, variable):
     """The variable's value as this code sees it: a sync-on-read variable read in
     cross-replica context is the aggregate of the replicas' components."""
     local = tracer.read(variable)
     if len(variable.devices) == 1 or not variable.on_read or in_replica_context(variable):
         return local
+    check_cross_replica_read(variable)
     return _aggregate(local, variable.aggregation, len(variable.devices))
 
 
 def assign(tracer, variable, value, mode: str):
     """assign / assign_add / assign_sub with the aggregation rules; returns the variable."""
     n = len(variable.devices)
+    if is_python_scalar(value):
+        # weakly typed: the number takes the variable's dtype before an aggregation (an
+        # all-reduce or broadcast) would give it one of its own (int32, float32)
+        method = {"assign": "assign", "add": "assign_add", "sub": "assign_sub"}[mode]
+        value = np.asarray(value, scalar_dtype(f"{method} to variable '{variable.name}'",
+                                               value, [variable.dtype]))
     if isinstance(value, PerReplica):     # only a replica may assign its own component
         if not (isinstance(value, LocalValue) and in_replica_context(variable)):
             refuse_per_replica(variable)

@@ -29,7 +29,8 @@ class VariableAggregation(enum.Enum):
 
 def _as_tensor_value(value):
     """Python numbers become numpy scalars of the dtypes TF gives them (float32, int32, bool),
-    so that each replica is fed its own value instead of tracing replica 0's constant."""
+    so that each replica is fed its own value instead of tracing replica 0's constant
+    (PerReplica applies it to every leaf of its components)."""
     if isinstance(value, np.generic):      # np.float64 is a float too: keep its dtype
         return value
     if isinstance(value, bool):
@@ -48,7 +49,8 @@ class PerReplica:
     __array_ufunc__ = None      # numpy defers to the operators below, which explain the misuse
 
     def __init__(self, values, devices=None):
-        self.values = tuple(_as_tensor_value(v) for v in values)
+        # every Python number, at any depth of a structured component, becomes an array leaf
+        self.values = tuple(map_structure(_as_tensor_value, v) for v in values)
         self.devices = tuple(devices) if devices is not None else None
 
     def __repr__(self) -> str:
@@ -122,7 +124,10 @@ class LocalValue(PerReplica):
             return (self.local,)
         from graphdist.ops.collectives import broadcast
 
-        return tuple(broadcast(self.local, k) for k in range(n))
+        shapes = replica_shapes(tracer, self.local, n)
+        if all(s == shapes[0] for s in shapes):
+            return tuple(broadcast(self.local, k) for k in range(n))
+        return _uneven_broadcasts(self.local, shapes)
 
     @property
     def devices(self):
@@ -135,6 +140,42 @@ class LocalValue(PerReplica):
         devices = self.devices     # without .values: that would emit n broadcasts
         return (f"a gd.PerReplica of {len(devices) if devices else 'several'} values "
                 f"({'on ' + ', '.join(devices) if devices else 'one per replica'}, in a trace)")
+
+
+def replica_shapes(tracer, local, n: int) -> tuple:
+    """Every replica's shape of a per-replica value whose components cross replicas (the
+    k-th such crossing of this trace). Uneven shards trace each shape once, so replica 0's
+    trace cannot see replica 1's shape: each trace records its own (`replica_shapes_seen`)
+    and gd.function traces again with what all of them saw (`replica_shapes_known`)."""
+    here = tuple(np.shape(local))
+    seen = tracer.replica_shapes_seen
+    seen.append(here)
+    known = tracer.replica_shapes_known
+    if known is not None and len(seen) <= len(known):
+        return known[len(seen) - 1]
+    return (here,) * n
+
+
+def _uneven_broadcasts(local, shapes: tuple) -> tuple:
+    """Every replica's value on every replica when their shapes differ: a collective moves
+    one type, so each replica zero-pads its value to the largest shape, and replica k's
+    broadcast is cut back to shapes[k]."""
+    from graphdist.ops.array import concat, zeros
+    from graphdist.ops.collectives import broadcast
+
+    if len({len(s) for s in shapes}) > 1:
+        raise ValueError(f"per-replica values of different ranks cannot cross replicas (replica "
+                         f"shapes {list(shapes)}); give every replica's value the same rank")
+    big = tuple(max(dims) for dims in zip(*shapes))
+    padded = local
+    for axis, (have, want) in enumerate(zip(np.shape(local), big)):
+        if have < want:
+            fill = zeros(big[:axis] + (want - have,) + tuple(np.shape(padded))[axis + 1:],
+                         np.dtype(local.dtype))
+            padded = concat([padded, fill], axis=axis)
+    return tuple(broadcast(padded, k) if shape == big else
+                 broadcast(padded, k)[tuple(slice(0, d) for d in shape)]
+                 for k, shape in enumerate(shapes))
 
 
 class Mirrored(PerReplica):

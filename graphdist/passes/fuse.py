@@ -30,10 +30,19 @@ def _key(eqn, multi):
 def fuse_optimizer(g: Graph) -> Graph:
     forms = _multi_forms()
     groups: dict = {}
+    # Only independent updates may share a node. An update's depth is the number of updates
+    # on its longest input path (two optimizer steps in one function: the second step's are
+    # one deeper); grouping by depth too keeps every fused node's inputs computable before it,
+    # so no fused node waits on itself, and one step's updates (all depth 0) stay one node.
+    depth: dict = {}
     for i, eqn in enumerate(g.eqns):
+        d = max((depth.get(v, 0) for v in eqn.inputs if isinstance(v, Var)), default=0)
         multi = forms.get(eqn.op.name)
         if multi is not None:
-            groups.setdefault(_key(eqn, multi), []).append(i)
+            groups.setdefault((_key(eqn, multi), d), []).append(i)
+            d += 1
+        if d:
+            depth.update((v, d) for v in eqn.outputs)
     groups = [idx for idx in groups.values() if len(idx) > 1]
     if not groups:
         return g
@@ -105,7 +114,13 @@ def fuse_reduce_update(g: Graph) -> Graph:
         replaced.setdefault(i, None)
     if not replaced:
         return g
-    eqns = [(i, replaced.get(i, e)) for i, e in enumerate(g.eqns) if replaced.get(i, e) is not None]
+    eqns = []
+    for i, e in enumerate(g.eqns):
+        new = replaced.get(i, e)
+        if isinstance(new, list):
+            eqns += [(i, node) for node in new]
+        elif new is not None:
+            eqns.append((i, new))
     return replace(g, eqns=tuple(stable_topological(eqns, g.inputs)))
 
 
@@ -157,20 +172,37 @@ def _reduce_update_plan(g: Graph, reduce_eqn, users: dict, outputs: set):
     return updates, dead, layout[2]
 
 
-def _fused(reduce_eqn, updates: list, offsets: tuple) -> Eqn:
+# tensors one fused node updates across all replicas: the CPU kernels take tuples of up to
+# 16 arrays (kernels/common.py TUPLE_SIZES); longer lists become typed Lists, whose numba
+# internals compile anew in every process (0.65 s on the first step). Several nodes over
+# disjoint ranges of the buckets still read each byte once.
+MAX_TENSORS_PER_NODE = 16
+
+
+def _fused(reduce_eqn, updates: list, offsets: tuple) -> list:
+    """The host_reduce_update nodes replacing `reduce_eqn` and `updates`: one, or one per
+    group of tensors when replicas x tensors exceed MAX_TENSORS_PER_NODE."""
     multi = updates[0].op.multi
     n = dict(updates[0].params)["n"]
-    ins = list(reduce_eqn.inputs)
-    outs = []
-    for u in updates:
-        for j in range(n):
-            ins += u.inputs[j * multi.k:(j + 1) * multi.k - 1]
-        ins += u.inputs[n * multi.k:]
-        outs += u.outputs
-    params = dict(updates[0].params, update=updates[0].op.name, offsets=offsets,
-                  reduce=dict(reduce_eqn.params)["op"], replicas=len(updates))
-    return Eqn(OPS["host_reduce_update"], tuple(ins), tuple(outs), tuple(sorted(params.items())),
-               device=reduce_eqn.device, scope=updates[0].scope, source=updates[0].source)
+    per_node = max(1, MAX_TENSORS_PER_NODE // len(updates))
+    nodes = []
+    for first in range(0, n, per_node):
+        js = range(first, min(n, first + per_node))
+        ins = list(reduce_eqn.inputs)
+        outs = []
+        for u in updates:
+            for j in js:
+                ins += u.inputs[j * multi.k:(j + 1) * multi.k - 1]
+            ins += u.inputs[n * multi.k:]
+            for j in js:
+                outs += u.outputs[j * multi.outs:(j + 1) * multi.outs]
+        params = dict(updates[0].params, update=updates[0].op.name, n=len(js),
+                      offsets=tuple(offsets[j] for j in js),
+                      reduce=dict(reduce_eqn.params)["op"], replicas=len(updates))
+        nodes.append(Eqn(OPS["host_reduce_update"], tuple(ins), tuple(outs),
+                         tuple(sorted(params.items())), device=reduce_eqn.device,
+                         scope=updates[0].scope, source=updates[0].source))
+    return nodes
 
 
 def _split_updates_by_bucket(g: Graph) -> Graph:

@@ -12,15 +12,6 @@ import graphdist as gd
 TWO = ("cpu:0", "cpu:1")
 
 
-@pytest.fixture(autouse=True)
-def _short_collective_timeout():
-    # a replica waiting for a value nobody sends fails the test in seconds, not a minute
-    old = gd.config.collective_timeout()
-    gd.config.set_collective_timeout(5.0)
-    yield
-    gd.config.set_collective_timeout(old)
-
-
 @pytest.fixture
 def strategy():
     return gd.MirroredStrategy(list(TWO))

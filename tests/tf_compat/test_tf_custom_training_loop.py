@@ -98,8 +98,6 @@ def test_custom_aggregation(strategy, gradient_reduction, expected):
         np.testing.assert_allclose(component, expected, rtol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Optimizer.apply_gradients has no all_reduce= "
-                   "argument (API.md; TF's experimental_aggregate_gradients=False)")
 def test_custom_aggregation_already_reduced(strategy):
     # TF: custom_training_loop_optimizer_test.py OptimizerTest.test_custom_aggregation
     # (experimental_aggregate_gradients=False); here every replica passes the same, already
@@ -117,6 +115,29 @@ def test_custom_aggregation_already_reduced(strategy):
         return strategy.run(step_fn)
 
     np.testing.assert_allclose(optimize(), [-0.1, -0.1], rtol=1e-6)
+
+
+def test_already_reduced_gradients_are_not_reduced_again(strategy):
+    # all_reduce=False after the user's own all_reduce(SUM) equals gradient_reduction="sum"
+    grads = gd.PerReplica([np.array([1.0, 3.0], np.float32), np.array([2.0, 5.0], np.float32)])
+    results = []
+    for all_reduce in (True, False):
+        with strategy.scope():
+            v = gd.Variable(np.zeros(2, np.float32))
+            opt = gd.optimizers.SGD(0.1, gradient_reduction="sum")
+
+        def step_fn(g, all_reduce=all_reduce, opt=opt, v=v):
+            if not all_reduce:
+                g = gd.get_replica_context().all_reduce(SUM, g)
+            opt.apply_gradients([(g, v)], all_reduce=all_reduce)
+
+        step = gd.function(lambda g, step_fn=step_fn: strategy.run(step_fn, args=(g,)))
+        step(grads)
+        assert sum(e.op == "all_reduce" for e in step.graph.eqns) == 1
+        results.append(v.values)
+    for got in results:
+        for component in got:
+            np.testing.assert_allclose(component, [-0.3, -0.8], rtol=1e-6)
 
 
 @pytest.mark.parametrize("gradient_reduction", ["sum", "mean"])
@@ -177,9 +198,6 @@ def test_minimize_loss_with_merge_call_update(n):
     assert all(np.array_equal(c, kernel.values[0]) for c in kernel.values)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: assign_add(1) in a replica on an int64 "
-                   "ONLY_FIRST_REPLICA variable raises TypeError (i64 + i32): the aggregation "
-                   "types the Python number before it meets the variable")
 def test_global_step_update(strategy):
     # TF: strategy_test_lib.py DistributionTestBase._test_global_step_update
     # (mirrored_strategy_test.py testGlobalStepUpdate)
@@ -194,6 +212,29 @@ def test_global_step_update(strategy):
     values = _local(strategy.run(model_fn))
     assert [int(v) for v in values] == [1] * strategy.num_replicas_in_sync
     assert global_step.dtype == np.int64 and global_step.numpy() == 1
+
+
+@pytest.mark.parametrize("dtype, aggregation, sync", [
+    (np.float64, "mean", "auto"), (np.float64, "only_first_replica", "auto"),
+    (np.int64, "sum", "on_read"), (np.float64, "mean", "on_read"), (np.int64, "none", "on_read")])
+def test_python_numbers_take_the_variable_dtype_in_replica_assigns(strategy, dtype,
+                                                                   aggregation, sync):
+    # API.md weak typing: v.assign_add(1) / v.assign(v + 1.0) keep the variable's dtype
+    with strategy.scope():
+        v = gd.Variable(dtype(0), name="v", aggregation=aggregation, synchronization=sync)
+
+    def model_fn():
+        v.assign_add(1)
+        v.assign_sub(1.0 if dtype == np.float64 else 1)
+        v.assign(v + 1)
+        v.assign_add(1)
+
+    strategy.run(model_fn)
+    assert v.dtype == dtype
+    assert [float(c) for c in v.values] == [2.0, 2.0]
+    if dtype == np.int64:
+        with pytest.raises(TypeError, match="assign_add to variable 'v'.*float"):
+            strategy.run(lambda: v.assign_add(1.5))
 
 
 def test_optimizer_iterations_and_slots_are_mirrored(strategy):
@@ -260,15 +301,11 @@ def _train(strategy, global_batch, steps, inside_function, reduction, average, o
 @pytest.mark.parametrize("inside_function", [False, True], ids=["outside", "inside"])
 @pytest.mark.parametrize("reduction, average", [("sum", "global"), ("mean", "local")])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_dnn_correctness(request, inside_function, reduction, average, optimizer):
+def test_dnn_correctness(inside_function, reduction, average, optimizer):
     # TF: ctl_correctness_test.py TestDistributionStrategyDnnCorrectness
     # test_dnn_correctness_minus_tpus (iteration inside/outside the function): the same
     # weights and loss on 2 replicas as on one device; TF's Keras recipe is
     # compute_average_loss(global_batch_size) with summed gradients
-    if inside_function and optimizer == "sgd":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="BUG: two SGD steps in one "
-                                              "gd.function fail to compile (fuse_optimizer: "
-                                              "'cycle in graph')"))
     two = gd.MirroredStrategy(["cpu:0", "cpu:1"])
     one = gd.OneDeviceStrategy("cpu:0")
     wts_dist, loss_dist = _train(two, 8, 2, inside_function, reduction, average, optimizer)

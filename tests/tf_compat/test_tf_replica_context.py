@@ -312,14 +312,22 @@ def test_merge_call_on_default_strategy():
     _assert_in_default_state()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: has_strategy() is True inside the default "
-                   "strategy's merge_fn; TF gives False")
 def test_merge_call_on_default_strategy_has_no_strategy():
     # TF: distribute_lib_test.py DefaultDistributionStrategyTest.testMergeCall
     # (self.assertFalse(ds_context.has_strategy()) inside merge_fn)
     flags = []
-    gd.get_replica_context().merge_call(lambda dist: flags.append(gd.has_strategy()))
-    assert flags == [False]
+    gd.get_replica_context().merge_call(
+        lambda dist: flags.append((gd.has_strategy(), gd.in_cross_replica_context())))
+    assert flags == [(False, True)]
+    with gd.get_strategy().scope():
+        assert not gd.has_strategy()
+
+
+def test_merge_call_on_mirrored_strategy_has_strategy(strategy):
+    flags = []
+    strategy.run(lambda: gd.get_replica_context().merge_call(
+        lambda dist: flags.append(gd.has_strategy())))
+    assert flags and all(flags)
 
 
 # ---------------------------------------------------------------- exceptions
@@ -421,16 +429,20 @@ def test_same_scope_nesting(strategy):
     _assert_in_default_state()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: entering another strategy's scope inside a "
-                   "scope is silently accepted (TF: RuntimeError 'Mixing different "
-                   "tf.distribute.Strategy objects')")
 def test_mixing_strategy_scopes_raises(strategy):
     # TF: distribute_lib_test.py TestStrategyTest.testSameScopeNesting (dist2 part)
     other = gd.MirroredStrategy(["cpu:0", "cpu:1"])
     with strategy.scope():
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match="Mixing different"):
             with other.scope():
                 pass
+        with pytest.raises(RuntimeError, match="Mixing different"):
+            other.run(lambda: None)
+        assert gd.get_strategy() is strategy
+    with gd.get_strategy().scope():      # the default strategy's scope mixes with any
+        with other.scope():
+            assert gd.get_strategy() is other
+    _assert_in_default_state()
 
 
 @pytest.mark.parametrize("op", ["mean", "MEAN", "sum", "SUM", gd.ReduceOp.MEAN])

@@ -42,9 +42,6 @@ def test_make_distributed_value_tuple_constant(strategy):
     assert [list(_local(o, 2)) for o in out] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Python numbers nested in a PerReplica's "
-                   "structured components are traced as static constants: replica 1 sees "
-                   "replica 0's values")
 def test_make_distributed_value_nested_structure_per_replica(strategy):
     # TF: values_test.py DistributedValuesTest.testMakeDistributedValueNestedStructurePerReplica
     def value_fn(ctx):
@@ -53,6 +50,38 @@ def test_make_distributed_value_nested_structure_per_replica(strategy):
     values = strategy.experimental_distribute_values_from_function(value_fn)
     out = strategy.run(lambda t: (t[0] * 1.0, t[1] * 1.0, t[2] * 1.0), args=(values,))
     assert [list(_local(o, 2)) for o in out] == [[0.0, 1.0], [0.0, 2.0], [0.0, 3.0]]
+
+
+@pytest.mark.parametrize("where", ["eager", "argument", "made_inside", "captured"])
+def test_python_numbers_at_any_depth_of_per_replica(strategy, where):
+    # Python numbers in tuples, lists and dicts of a component are per-replica values too
+    def value_fn(ctx):
+        r = ctx.replica_id_in_sync_group
+        return {"a": (1.0 * r, [2.0 * r, {"c": 3 * r}]), "b": [bool(r)], "s": "x"}
+
+    def replica_fn(t):
+        return (t["a"][0] * 1.0, t["a"][1][0] * 1.0, t["a"][1][1]["c"] * 1,
+                gd.cast(t["b"][0], "int32") * 1)
+
+    values = strategy.experimental_distribute_values_from_function(value_fn)
+    if where == "eager":
+        out = strategy.run(replica_fn, args=(values,))
+    elif where == "argument":
+        out = gd.function(lambda v: strategy.run(replica_fn, args=(v,)))(values)
+    elif where == "made_inside":
+        out = gd.function(lambda: strategy.run(
+            replica_fn, args=(strategy.experimental_distribute_values_from_function(value_fn),)))()
+    else:
+        out = gd.function(lambda: strategy.run(replica_fn, args=(values,)))()
+    assert [[float(x) for x in _local(o, 2)] for o in out] == [[0, 1], [0, 2], [0, 3], [0, 1]]
+
+
+def test_per_replica_static_leaves_that_differ_raise(strategy):
+    values = gd.PerReplica([(np.float32(1.0), "a"), (np.float32(2.0), "b")])
+    with pytest.raises(ValueError, match=r"'a' on replica 0 but 'b' on replica 1"):
+        gd.function(lambda v: strategy.run(lambda t: t[0] * 1.0, args=(v,)))(values)
+    with pytest.raises(ValueError, match=r"component\[1\] differs between replicas"):
+        gd.function(lambda: strategy.run(lambda t: t[0] * 1.0, args=(values,)))()
 
 
 def test_make_distributed_value_extract_from_array(strategy):
@@ -252,8 +281,6 @@ def test_gather_different_shape_at_axis(strategy, axis):
     np.testing.assert_array_equal(strategy.gather(values, axis=axis), np.ones(expected_shape))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: strategy.gather in traced code of components "
-                   "whose axis-0 sizes differ raises ShapeError (broadcast: replicas disagree)")
 def test_gather_different_shape_at_axis0_in_function(strategy):
     # TF: strategy_gather_test.py GatherTest.testGatherDiffShapeAtAxis0 (pure_eager=False);
     # the same happens to the outputs of uneven shards (10 rows on 4 replicas, API.md)
@@ -261,6 +288,34 @@ def test_gather_different_shape_at_axis0_in_function(strategy):
         lambda ctx: np.ones((ctx.replica_id_in_sync_group + 1, 1), np.int32))
     run = gd.function(lambda x: strategy.gather(x, axis=0))
     np.testing.assert_array_equal(run(values), np.ones((3, 1)))
+
+
+@pytest.mark.parametrize("inside_function", [False, True], ids=["run", "function"])
+def test_gather_outputs_of_uneven_shards(inside_function):
+    # 10 rows on 4 replicas run as 3, 3, 2, 2 rows; gather puts them back in order, and the
+    # merge_fn of a replica sees every replica's component with its own shape
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    batch = next(iter(strategy.experimental_distribute_dataset([x])))
+
+    def replica_fn(t):
+        rows = gd.get_replica_context().merge_call(
+            lambda _, v: [gd.shape(c)[0] for c in v.values], args=(t,))
+        return t * 2.0, rows
+
+    def step(b):
+        doubled, rows = strategy.run(replica_fn, args=(b,))
+        return strategy.gather(doubled, axis=0), rows
+
+    if inside_function:
+        gathered, rows = gd.function(step)(batch)
+    else:
+        gathered = strategy.gather(strategy.run(lambda t: t * 2.0, args=(batch,)), axis=0)
+        rows = strategy.run(replica_fn, args=(batch,))[1]
+    np.testing.assert_array_equal(gathered, x * 2.0)
+    assert [int(r) for r in _local(rows[0], 4)] == [3] * 4
+    assert [[int(r) for r in _local(row, 4)] for row in rows] == [[3] * 4, [3] * 4, [2] * 4,
+                                                                  [2] * 4]
 
 
 def test_gather_raise_different_shape_at_non_axis(strategy, tf_function):

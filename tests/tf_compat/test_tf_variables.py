@@ -424,14 +424,20 @@ def test_on_read_operator_override(strategy):
                                       [1.0, 2.0])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a cross-replica read of an ON_READ variable with "
-                   "aggregation NONE returns component 0 (TF: ValueError)")
 def test_on_read_read_value_with_aggregation_none_raises(strategy):
     # TF: vars_test.py OnReadVariableSyncTest.testReadValueWithAggregationNoneInCrossReplicaContext
     with strategy.scope():
-        v = gd.Variable(0.0, synchronization=ON_READ, aggregation=Agg.NONE)
-    with pytest.raises(ValueError):
+        v = gd.Variable(0.0, synchronization=ON_READ, aggregation=Agg.NONE, name="acc")
+    with pytest.raises(ValueError, match="'acc'.*aggregation"):
         v.read_value()
+    with pytest.raises(ValueError, match="'acc'.*aggregation"):
+        gd.function(v.read_value)()
+    with pytest.raises(ValueError, match="'acc'"):
+        v + 1.0
+    assert "values=" in repr(v)
+    # in a replica each reads its own component, as in TF
+    strategy.run(gd.function(lambda: v.assign(_rid_f32())))
+    np.testing.assert_array_equal(_local(strategy.run(gd.function(v.read_value)), 2), [0, 1])
 
 
 # ---------------------------------------------------------------- checkpoints
