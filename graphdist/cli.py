@@ -147,13 +147,7 @@ def _bench(args) -> int:
         print("graphdist bench: no bench/ package here; run it from the root of a graphdist "
               "source checkout", file=sys.stderr)
         return 2
-    unknown = [name for name in args.names if name not in runner.BENCHMARKS]
-    if unknown:
-        print(f"graphdist bench: unknown benchmark(s) {unknown}; choose from "
-              f"{runner.BENCHMARKS}", file=sys.stderr)
-        return 2
-    where = ["--save"] if args.save else ["--out", args.out] if args.out else []
-    return int(runner.main(list(args.names) + where) or 0)
+    return int(runner.main(args.rest) or 0)
 
 
 MERGED_HELP = ("opt-in: run logical CPU replicas merged into one batched program (the "
@@ -197,14 +191,9 @@ def main(argv=None) -> int:
     show.add_argument("--stage", default=None, metavar="NAME",
                       help="print the graph after one stage (see --stages for the names)")
     bench = sub.add_parser("bench", help="run the benchmarks in bench/ (from a source checkout)")
-    bench.add_argument("names", nargs="*", help="which ones (default: all)")
-    where = bench.add_mutually_exclusive_group()
-    where.add_argument("--out", default=None, metavar="DIR",
-                       help="write NAME.json into DIR (default: a new timestamped file "
-                            "bench/results/runs/NAME-<date>-<time>.json)")
-    where.add_argument("--save", action="store_true",
-                       help="overwrite the committed results in bench/results/ (what the docs "
-                            "quote); without it they are never touched")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, metavar="...",
+                       help="what `python -m bench` takes: benchmark names (default: all), "
+                            "--out DIR, --save (see python -m bench --help)")
     args = parser.parse_args(argv)
     handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench}
     if not getattr(args, "merged", False):

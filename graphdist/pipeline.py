@@ -30,6 +30,7 @@ from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_co
 from graphdist.passes.collectives import lower_collectives
 from graphdist.passes.core import Stage
 from graphdist.passes.fuse import fuse_optimizer, fuse_reduce_update
+from graphdist.passes.merge import CannotMerge, merge_replicas
 from graphdist.passes.replicate import replicate
 from graphdist.passes.simplify import simplify
 
@@ -52,7 +53,6 @@ class Plan:
 
 def stage(name: str, fn):
     """`fn` under the stage name that records, debug dumps and timings show."""
-    @functools.wraps(fn)
     def run(g: Graph) -> Graph:
         return fn(g)
 
@@ -70,10 +70,10 @@ def logical_passes() -> list:
     return passes
 
 
-def logical(traced: Graph, stages: list | None = None) -> Graph:
+def logical(traced: Graph, stages: list | None = None, trace_seconds: float = 0.0) -> Graph:
     """The logical (one-replica) graph: the traced graph through the logical passes."""
     if stages is not None:
-        stages.append(Stage("trace", traced, 0.0))
+        stages.append(Stage("trace", traced, trace_seconds))
     return run_passes(traced, logical_passes(), record=stages)
 
 
@@ -110,12 +110,12 @@ def replicated(graphs: list[Graph], strategy, shared_args=(),
             raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
                              f"on {list(devices)}; create it under strategy.scope()")
     mode = config.device_concurrency()
-    if mode == "merged" and not any(map(is_gpu, devices)):
+    gpu = any(map(is_gpu, devices))
+    if mode == "merged" and not gpu:
         merged = _merged(graphs, devices, shared_args, stages)
         if merged is not None:
             merged.per_device = functools.partial(_per_device, graphs, strategy, "sequential")
             return merged
-    gpu = any(map(is_gpu, devices))
     return _per_device(graphs, strategy, "threads" if mode == "threads" and not gpu
                        else "sequential", stages)
 
@@ -137,8 +137,6 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
 def _merged(graphs, devices, shared_args, stages: list) -> Plan | None:
     """The merged plan, or None (logged) where the step cannot merge: uneven shards, or a
     per-replica value written to a mirrored variable."""
-    from graphdist.passes.merge import CannotMerge, merge_replicas
-
     if any(g is not graphs[0] for g in graphs):
         config.logger.info("running %d replicas as per-device copies: shards differ in shape",
                            len(devices))

@@ -1,0 +1,100 @@
+"""The compile pipeline (graphdist/pipeline.py): every stage in order, each graph valid, the
+last one what runs, and the mode of issue decided here (per-device by default)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from graphdist.ir import check
+
+DEVICES = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+LOGICAL = ["trace", "dce", "cse", "simplify", "cse.2", "dce.2", "fuse_optimizer"]
+
+
+def _step(strategy):
+    with strategy.scope():
+        w = gd.Variable(np.ones((3, 2), np.float32), name="w")
+        b = gd.Variable(np.zeros((2,), np.float32), name="b")
+        opt = gd.optimizers.SGD(0.1, momentum=0.9)
+
+    @gd.function
+    def step(x):
+        def replica_fn(x):
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_mean((x @ w + b) ** 2.0)
+            opt.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
+            return loss
+        return strategy.reduce("mean", strategy.run(replica_fn, args=(x,)))
+
+    return step
+
+
+def _batch(strategy):
+    x = np.arange(24, dtype=np.float32).reshape(8, 3) / 10
+    return next(iter(strategy.experimental_distribute_dataset([x])))
+
+
+def test_replicated_stages_in_order_each_valid_and_the_last_is_what_runs():
+    strategy = gd.MirroredStrategy(DEVICES)
+    step = _step(strategy)
+    batch = _batch(strategy)
+    stages = step.get_stages(batch)
+    assert list(stages) == LOGICAL + ["replicate", "lower_collectives", "fuse_reduce_update",
+                                      "schedule"]
+    for name, g in stages.items():
+        check(g, where=name)
+    assert stages["schedule"] is step.replicated_graph
+    assert stages["fuse_optimizer"] is step.graph
+    # replicate leaves each collective one N-way node; lowering turns it into what runs
+    joined = [e for e in stages["replicate"].eqns if e.op.name == "all_reduce"]
+    assert joined and all(len(e.inputs) == len(DEVICES) for e in joined)
+    lowered = stages["lower_collectives"]
+    assert not any(e.op.name == "all_reduce" for e in lowered.eqns)
+    assert any(e.op.name == "host_all_reduce" for e in lowered.eqns)
+    assert {e.device for e in step.replicated_graph.eqns} == set(DEVICES)   # per device
+    assert step.stages.keys() == stages.keys()
+
+
+def test_one_device_stages_place_and_schedule():
+    step = _step(gd.OneDeviceStrategy("cpu:0"))
+    step(np.ones((4, 3), np.float32))
+    assert list(step.stages) == LOGICAL + ["place", "schedule"]
+    assert {e.device for e in step.stages["place"].eqns} == {"cpu:0"}
+
+
+def test_merged_is_opt_in_and_its_stages_say_merge():
+    strategy = gd.MirroredStrategy(DEVICES)
+    batch = _batch(strategy)
+    default = _step(strategy)
+    default(batch)
+    assert not default.replicated_graph.merged
+    gd.config.set_device_concurrency("merged")
+    try:
+        merged = _step(strategy)
+        merged(batch)
+    finally:
+        gd.config.set_device_concurrency("auto")
+    assert list(merged.stages) == LOGICAL + ["merge", "schedule"]
+    assert merged.replicated_graph.merged
+    note = merged.replicated_graph.mode_note()
+    assert "merged" in note and "opt-in" in note
+    assert note in str(merged.replicated_graph) and note in merged.replicated_graph.summary()
+    assert default.replicated_graph.mode_note() == ""
+
+
+@pytest.mark.parametrize("mode, plan_mode", [("auto", "sequential"),
+                                             ("sequential", "sequential"),
+                                             ("threads", "threads")])
+def test_the_pipeline_decides_how_replicas_are_issued(mode, plan_mode):
+    strategy = gd.MirroredStrategy(DEVICES[:2])
+    gd.config.set_device_concurrency(mode)
+    try:
+        step = _step(strategy)
+        step(_batch(strategy))
+    finally:
+        gd.config.set_device_concurrency("auto")
+    assert step._latest().plan.mode == plan_mode
+    fused = any(e.op.name == "host_reduce_update" for e in step.replicated_graph.eqns)
+    assert fused == (plan_mode == "sequential")
