@@ -24,6 +24,8 @@ from numba import cuda, njit, prange
 
 from .common import (
     threads_for,
+    readable,
+    readables,
     tensor_group,
     CHUNK,
     check_sizes,
@@ -107,6 +109,7 @@ def adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0) -> 
     >>> adam_cpu(p, g, m, v, 0.1, 0.0, 0.0, 0.0); p
     array([0.9, 0.9, 0.9], dtype=float32)
     """
+    g = readable(g)
     same_dtype("adam_cpu", p, g, m, v)
     scalars = _scalars(p.dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
     with threads_for(4 * p.nbytes):
@@ -159,7 +162,7 @@ def adam_multi_cpu(
     """
     if len(params) == 0:
         return
-    ps, gs, ms, vs = tensor_group(params, grads, ms, vs)
+    ps, gs, ms, vs = tensor_group(params, readables(grads), ms, vs)
     same_dtype("adam_multi_cpu", ps, gs, ms, vs)
     with threads_for(4 * sum(a.nbytes for a in ps)):
         _adam_multi(

@@ -31,6 +31,18 @@ def flat(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1)
 
 
+def readable(x):
+    """An input a kernel only reads, as an array: numpy gives a 0-d result back as a numpy
+    scalar, which has no buffer to view (a 0-d gradient). Never for buffers updated in
+    place: those must be the arrays themselves."""
+    return np.asarray(x) if isinstance(x, np.generic) else x
+
+
+def readables(xs):
+    """`readable` over a list of inputs (a typed List is passed through)."""
+    return xs if isinstance(xs, typed.List) else [readable(x) for x in xs]
+
+
 def same_dtype(name: str, *arrays) -> None:
     """Raise TypeError unless every array (or typed List of arrays) has the first one's dtype."""
     dtypes = [a.dtype if hasattr(a, "dtype") else a[0].dtype for a in arrays if a is not None]

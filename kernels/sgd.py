@@ -13,6 +13,8 @@ from numba import cuda, njit, prange
 
 from .common import (
     threads_for,
+    readable,
+    readables,
     tensor_group,
     CHUNK,
     check_sizes,
@@ -84,6 +86,7 @@ def sgd_cpu(p, g, m, lr, momentum=0.0, nesterov=False, weight_decay=0.0) -> None
     >>> p = np.ones(3, np.float32); sgd_cpu(p, np.ones(3, np.float32), None, lr=0.5); p
     array([0.5, 0.5, 0.5], dtype=float32)
     """
+    g = readable(g)
     same_dtype("sgd_cpu", p, g, m)
     scalars = _scalars(p.dtype, lr, momentum, weight_decay, m)
     p = flat(p)
@@ -126,7 +129,7 @@ def sgd_multi_cpu(
     if len(params) == 0:
         return
     scalars = _scalars(params[0].dtype, lr, momentum, weight_decay, ms)
-    ps, gs, ms = tensor_group(params, grads, params if ms is None else ms)
+    ps, gs, ms = tensor_group(params, readables(grads), params if ms is None else ms)
     same_dtype("sgd_multi_cpu", ps, gs, ms)
     with threads_for(3 * sum(a.nbytes for a in ps)):
         _sgd_multi(ps, gs, ms, *scalars, bool(nesterov))

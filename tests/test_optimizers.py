@@ -530,3 +530,38 @@ def test_eager_apply_gradients_checks_like_the_traced_path():
     assert int(opt.iterations.numpy()) == 0
     opt.apply_gradients([([1.0, 2.0], w)])                     # Python data: w's dtype
     np.testing.assert_allclose(w.numpy(), [0.9, 0.8], rtol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"]])
+def test_a_scalar_variable_trains_with_fused_kernels_too(fused, devices):
+    """A 0-d variable's gradient comes out of numpy as a numpy scalar; the fused kernels
+    take it as a 0-d array. Reference: SGD(0.1) with momentum 0.9 on loss u*u + sum(w*w)."""
+    gd.config.set_fused_kernels(fused)
+    try:
+        strategy = gd.MirroredStrategy(devices)
+        with strategy.scope():
+            u = gd.Variable(1.5, name="u")
+            w = gd.Variable(np.array([1.0, -2.0], np.float32), name="w")
+            opt = gd.optimizers.SGD(0.1, momentum=0.9)
+
+        @gd.function
+        def step():
+            def replica_fn():
+                with gd.GradientTape() as tape:
+                    loss = u * u + gd.reduce_sum(w * w)
+                opt.apply_gradients(zip(tape.gradient(loss, [u, w]), [u, w]))
+            strategy.run(replica_fn)
+
+        for _ in range(3):
+            step()
+    finally:
+        gd.config.set_fused_kernels(True)
+    p = [np.float32(1.5), np.array([1.0, -2.0], np.float32)]
+    m = [np.float32(0.0), np.zeros(2, np.float32)]
+    for _ in range(3):
+        for k in range(2):
+            m[k] = np.float32(0.9) * m[k] + 2 * p[k]
+            p[k] = p[k] - np.float32(0.1) * m[k]
+    np.testing.assert_allclose(u.numpy(), p[0], rtol=1e-6)
+    np.testing.assert_allclose(w.numpy(), p[1], rtol=1e-6)
