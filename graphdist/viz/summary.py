@@ -81,7 +81,8 @@ def _describe(g: Graph, nodes) -> dict:
             ("all_reduce", "broadcast")] or nodes
     counts = Counter(n.op for n in nodes)
     first = max(main, key=lambda n: sum(t.nbytes for t in n.types))
-    head = f"{first.op}[{first.params}]" if first.params else first.op
+    # the op and, when short, its parameters (a fused update's hyper-parameters are not)
+    head = f"{first.op}[{first.params}]" if 0 < len(first.params) <= 24 else first.op
     carried = [_carried(g, n) for n in main]                 # what a collective carries
     payload = max((sum(t.nbytes for t in ts) for ts in carried), default=0)
     shown = _carried(g, first)
@@ -112,11 +113,13 @@ def stats(g: Graph) -> dict:
             "moved": sum(c["moved"] for c in colls)}
 
 
-def _table(rows, header) -> list:
+def _table(rows, header, left=(0,)) -> list:
+    """Rows under a header; the columns in `left` (names) align left, numbers right."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
     def fmt(r):
-        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(r, widths)))
+        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
 
     return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
 
@@ -170,5 +173,5 @@ def summary(g: Graph, max_ops: int = 30) -> str:
             rows.append([f"#{k}", c["op"], c["type"], f"{c['payload']:,}",
                          f"{c['moved']:,} ({human_bytes(c['moved'])})", steps])
         lines += ["  " + r for r in _table(rows, ["", "collective", "type", "payload B",
-                                                  "moved B", "nodes"])]
+                                                  "moved B", "nodes"], left=(0, 1, 2, 5))]
     return "\n".join(lines)
