@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 
@@ -137,8 +138,6 @@ def _print_stages(f, only: str | None) -> int:
 def _bench(args) -> int:
     """The benchmarks live in the checkout's bench/ (not installed): found from the current
     directory, as `python -m bench` would."""
-    import os
-
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -196,15 +195,18 @@ def main(argv=None) -> int:
                             "--out DIR, --save (see python -m bench --help)")
     args = parser.parse_args(argv)
     handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench}
-    if not getattr(args, "merged", False):
-        return handlers[args.command](args)
     from graphdist import config
 
-    config.set_device_concurrency("merged")
+    before = config.device_concurrency()
+    if getattr(args, "merged", False):
+        config.set_device_concurrency("merged")
     try:
         return handlers[args.command](args)
+    except BrokenPipeError:          # `graphdist show ... | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     finally:
-        config.set_device_concurrency("auto")
+        config.set_device_concurrency(before)
 
 
 if __name__ == "__main__":

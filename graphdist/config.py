@@ -55,14 +55,16 @@ DEVICE_CONCURRENCY = ("auto", "merged", "sequential", "threads")
 
 
 def set_device_concurrency(mode: str) -> None:
-    """How a replicated step over CPU devices runs them: "merged" (one program over all
-    replicas at once, values stacked on a replica axis: one big GEMM instead of one per
-    device, one optimizer update for all; falls back to "sequential" where a step cannot
-    merge), "sequential" (per-device copies in one program, device after device, in the
-    calling thread), "threads" (per-device copies, one worker thread per device, events
-    between them) or "auto" ("merged" when the strategy chose its own cross-device ops,
-else "sequential"). Steps on GPUs always run per device from one thread,
-    each device on its own stream. Applies to steps compiled afterwards."""
+    """How a replicated step runs its replicas. "auto" (the default) and "sequential": one
+    copy per device with the collectives between them, issued device after device from
+    one program in the calling thread, on every device kind: what the replicated graph,
+    its views and the profile show. "threads": per-device copies on CPU devices, one
+    worker thread per device, events between them. "merged" (opt-in, logical CPU devices
+    only): the replicas as one program over values stacked on a replica axis (one big
+    GEMM instead of one per device, one optimizer update for all); every view then says
+    so, and a step that cannot merge runs per device. Steps on GPUs always run per device
+    from one thread, each device on its own stream. Applies to steps compiled afterwards.
+    """
     if mode not in DEVICE_CONCURRENCY:
         raise ValueError(f"set_device_concurrency: mode must be one of {DEVICE_CONCURRENCY}, "
                          f"got {mode!r}")

@@ -1,6 +1,7 @@
-"""Cross-replica ops of the logical (one-replica, SPMD) graph. The replication pass lowers
-each into per-device copies and adds through the strategy's cross-device ops; on a single
-replica they are the identity.
+"""Cross-replica ops of the logical (one-replica, SPMD) graph. The replication pass joins
+each into one N-way node, which passes/collectives.py lowers into what runs (copies and
+adds, or one fused node) as the strategy's cross-device ops say; on a single replica they
+are the identity.
 
 vjp rules: the cotangent of all_reduce[op=sum] is an all_reduce[op=sum] of the incoming
 cotangents (mean: a mean); broadcast's is a sum back to the source, which in SPMD form is

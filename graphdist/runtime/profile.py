@@ -8,6 +8,7 @@ import json
 import os
 
 from graphdist.ir import eqn_text
+from graphdist.ir.printer import Namer
 
 
 def chrome_trace(executable, name: str = "step") -> dict:
@@ -15,6 +16,7 @@ def chrome_trace(executable, name: str = "step") -> dict:
     starts = [e[1] for p in programs for e in p.events]
     origin = min(starts) if starts else 0.0
     index = {id(eqn): i for i, eqn in enumerate(executable.graph.eqns)}
+    namer = Namer(executable.graph.devices)     # the names the text form gives
     graph = executable.graph
     label = f"graphdist {name}" + (" (replicas merged)" if graph.merged else "")
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": label}}]
@@ -37,7 +39,7 @@ def chrome_trace(executable, name: str = "step") -> dict:
                 "ph": "X", "pid": 0, "tid": lane,
                 "ts": (start - origin) * 1e6, "dur": max(0.0, (end - start) * 1e6),
                 "args": {"node": index.get(id(eqn), i), "device": device, "scope": eqn.scope,
-                         "eqn": eqn_text(eqn), "flops": flops, "bytes": nbytes,
+                         "eqn": eqn_text(eqn, namer), "flops": flops, "bytes": nbytes,
                          "source": eqn.source}})
     mode = "one device" if len(graph.devices) < 2 else ("merged" if graph.merged
                                                            else "per-device")

@@ -65,6 +65,9 @@ def page_data(g, title: str | None = None) -> dict:
         "strings": strings.items,
         "nodes": N,
     }
+    # a node drawn across lanes labels each lane with its first output on that lane's device
+    data["lane_names"] = {str(n.id): [_first_on(n, d) for d in view.lanes] for n in nodes
+                          if n.spanning}
     flops = sum(n.flops for n in nodes)
     colls = [n for n in nodes if n.kind in ("collective", "copy")]
     moved = sum(n.moved for n in nodes)
@@ -73,6 +76,10 @@ def page_data(g, title: str | None = None) -> dict:
                      f"{len(colls)} collective/copy nodes · {human_bytes(moved)} moved")
     data["banner"] = g.mode_note()
     return data
+
+
+def _first_on(node, device) -> str:
+    return next((name for name, v in zip(node.names, node.outputs) if v.device == device), "")
 
 
 def _asset(name: str) -> str:

@@ -133,7 +133,10 @@ def summary(g: Graph, max_ops: int = 30) -> str:
     lanes = s["devices"]
     label = ["logical" if d is None else str(d) for d in lanes]
     head = f"graph: {s['eqns']} eqns, {s['inputs']} inputs"
-    head += f" on {len(lanes)} devices" if lanes != [None] else " (logical, not placed)"
+    if lanes == [None]:
+        head += " (logical, not placed)"
+    else:
+        head += f" on {len(lanes)} device{'s' if len(lanes) > 1 else ''}"
     lines = [head] + ([g.mode_note()] if g.merged else []) + [""]
     total = Counter()
     for c in s["ops"].values():

@@ -197,7 +197,8 @@ window.addEventListener("error", function (ev) {
             ctx.font = fonts[0]; ctx.fillStyle = "#fff";
             ctx.fillText(label(i, 0, fonts[0], w - 14, S[nd.op[i]]), x + 7, cy - 2);
             ctx.font = fonts[1];
-            ctx.fillText(label(i, 10 + l2, fonts[1], w - 14, names[i][l2 - it.lane[i]] || ""), x + 7, cy + 11);
+            var own = D.lane_names[i];     // this lane's device's first output
+            ctx.fillText(label(i, 10 + l2, fonts[1], w - 14, own ? own[l2] : names[i][l2 - it.lane[i]] || ""), x + 7, cy + 11);
           }
         } else {
           ctx.fillText(label(i, 0, fonts[0], w - 14, S[nd.op[i]]), x + 7, y + 17);
@@ -416,7 +417,7 @@ window.addEventListener("error", function (ev) {
   document.getElementById("stats").textContent = D.stats;
   if (D.banner) {                       // the replicas run merged: say so plainly
     var banner = document.getElementById("banner");
-    banner.textContent = D.banner; banner.hidden = false;
+    banner.textContent = D.banner; banner.title = D.banner; banner.hidden = false;
   }
   relayout(); cw = canvas.clientWidth; ch = canvas.clientHeight; resize(); initial();
   var hash = decodeURIComponent(location.hash.slice(1));   // page.html#q=all_reduce
