@@ -31,14 +31,20 @@ def init(seed: int = 0):
 
 
 def time_steps(step, sync=lambda r: r, warmup: int = 5, repeat: int = 20) -> dict:
-    for _ in range(warmup):
+    """Median and min of `repeat` steps after `warmup`; `first_call_s` is the first step,
+    which traces and compiles (run it in a fresh process to include every cost)."""
+    t0 = time.perf_counter()
+    sync(step())
+    first = time.perf_counter() - t0
+    for _ in range(warmup - 1):
         sync(step())
     samples = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         sync(step())
         samples.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(samples), "min_s": min(samples), "repeat": repeat}
+    return {"median_s": statistics.median(samples), "min_s": min(samples), "repeat": repeat,
+            "first_call_s": first}
 
 
 def report(result: dict) -> None:
