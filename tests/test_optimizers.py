@@ -138,6 +138,16 @@ ADAM_CASES = {
 }
 
 
+def _ref_step(cls: str, state, g, t: int, lr: float, kw) -> list:
+    """One reference step of optimizer `cls` ("SGD" or Adam/AdamW) on [p, m, v]."""
+    p, m, v = state
+    if cls == "SGD":
+        p, m = sgd_ref(p, g, m, lr, **kw)
+    else:
+        p, m, v = adam_ref(p, g, m, v, t, lr, **_ref_kwargs(kw))
+    return [p, m, v]
+
+
 def _ref_kwargs(kw):
     return {"b1": kw.get("beta_1", 0.9), "b2": kw.get("beta_2", 0.999),
             "eps": kw.get("epsilon", 1e-7), "weight_decay": kw.get("weight_decay", 0.0)}
@@ -346,12 +356,7 @@ def test_clipping_after_the_reduction_matches_reference(cls, kw, clip, dtype, fu
     for t in range(1, 4):
         step(gd.PerReplica(gw), gd.PerReplica(gb))
         for key, g in zip(("w", "b"), clipped):
-            p, m, v = ref[key]
-            if cls == "SGD":
-                p, m = sgd_ref(p, g, m, 0.1, **kw)
-            else:
-                p, m, v = adam_ref(p, g, m, v, t, 0.1, **_ref_kwargs(kw))
-            ref[key] = [p, m, v]
+            ref[key] = _ref_step(cls, ref[key], g, t, 0.1, kw)
         for var, key in ((w, "w"), (b, "b")):
             assert var.dtype == dtype
             for component in var.values:
@@ -469,12 +474,7 @@ def test_large_model_matches_reference(cls, kw, fused):
         gw, gb = linreg_grads(ref["w"][0], ref["b"][0], x64, y64)
         step(x, y)
         for key, g in (("w", gw), ("b", gb)):
-            p, m, v = ref[key]
-            if cls == "SGD":
-                p, m = sgd_ref(p, g, m, 0.01, **kw)
-            else:
-                p, m, v = adam_ref(p, g, m, v, t, 0.01, **_ref_kwargs(kw))
-            ref[key] = [p, m, v]
+            ref[key] = _ref_step(cls, ref[key], g, t, 0.01, kw)
         _close(w.numpy(), ref["w"][0], f"w after step {t}")
         _close(b.numpy(), ref["b"][0], f"b after step {t}")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tf_helpers import local_results as _local
 
 import graphdist as gd
 
@@ -30,9 +31,6 @@ def _per_replica(strategy, fn):
     return strategy.experimental_distribute_values_from_function(
         lambda ctx: fn(ctx.replica_id_in_sync_group))
 
-
-def _local(result, n):
-    return tuple(result.values) if isinstance(result, gd.PerReplica) else (result,) * n
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tf_helpers import flattened as _flattened
+from tf_helpers import local_results as _local
 
 import graphdist as gd
 
@@ -15,13 +17,6 @@ SUM, MEAN = gd.ReduceOp.SUM, gd.ReduceOp.MEAN
 DATA = np.array([5.0, 6.0, 7.0, 8.0], np.float32)
 
 
-def _local(result, n=2):
-    return tuple(result.values) if isinstance(result, gd.PerReplica) else (result,) * n
-
-
-def _flattened(results):
-    """TF's AssertFlattenedMixin.assert_equal_flattened: each step's replica outputs joined."""
-    return [np.concatenate([np.atleast_1d(v) for v in _local(r)]).tolist() for r in results]
 
 
 def _dataset(data=DATA, batch_size=2, drop_remainder=True):

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tf_helpers import local_results as _local
 
 import graphdist as gd
 
 SUM, MEAN = gd.ReduceOp.SUM, gd.ReduceOp.MEAN
 
-
-def _local(result, n):
-    return tuple(result.values) if isinstance(result, gd.PerReplica) else (result,) * n
 
 
 def test_num_replicas_in_sync(strategy):

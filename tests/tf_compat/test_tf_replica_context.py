@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tf_helpers import local_results as _local
 
 import graphdist as gd
 
@@ -20,10 +21,6 @@ def _per_replica(strategy, values):
     return strategy.experimental_distribute_values_from_function(
         lambda ctx: values[ctx.replica_id_in_sync_group])
 
-
-def _local(result, n):
-    """TF's experimental_local_results: one entry per replica, for plain values too."""
-    return tuple(result.values) if isinstance(result, gd.PerReplica) else (result,) * n
 
 
 # ---------------------------------------------------------------- all_reduce

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tf_helpers import local_results as _local
 
 import graphdist as gd
 
 SUM, MEAN = gd.ReduceOp.SUM, gd.ReduceOp.MEAN
 
-
-def _local(result, n):
-    """TF's experimental_local_results: one entry per replica, for plain values too."""
-    return tuple(result.values) if isinstance(result, gd.PerReplica) else (result,) * n
 
 
 # ---------------------------------------------------------------- distribute_values_from_function

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tf_helpers import local_results as _local
 
 import graphdist as gd
 
@@ -18,9 +19,6 @@ ON_READ, ON_WRITE = Sync.ON_READ, Sync.ON_WRITE
 def _rid_f32():
     return gd.cast(gd.get_replica_context().replica_id_in_sync_group, "float32")
 
-
-def _local(result, n):
-    return tuple(result.values) if isinstance(result, gd.PerReplica) else (result,) * n
 
 
 def _components(v):
