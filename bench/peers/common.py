@@ -50,3 +50,32 @@ def time_steps(step, sync=lambda r: r, warmup: int = 5, repeat: int = 20) -> dic
 def report(result: dict) -> None:
     print("RESULT " + json.dumps(result))
     sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- the tutorial CNN
+# TF's "Custom training with tf.distribute.Strategy" model on 28x28x1 inputs: Conv2D 32 3x3
+# relu, MaxPool 2, Conv2D 64 3x3 relu, MaxPool 2, Flatten, Dense 64 relu, Dense 10 (Keras
+# padding "valid"). Parameters in TF's layouts: HWIO kernels, (in, out) dense kernels.
+CNN_BATCH = 256
+CNN_SHAPES = [(3, 3, 1, 32), (32,), (3, 3, 32, 64), (64,), (5 * 5 * 64, 64), (64,), (64, 10),
+              (10,)]
+
+
+def cnn_data(seed: int = 1):
+    rng = np.random.default_rng(seed)
+    x = rng.random((CNN_BATCH, 28, 28, 1), dtype=np.float32)
+    y = rng.integers(0, 10, CNN_BATCH).astype(np.int32)
+    return x, y
+
+
+def cnn_init(seed: int = 0):
+    """He-normal kernels (fan in = H*W*I for a conv) and zero biases."""
+    rng = np.random.default_rng(seed)
+    params = []
+    for shape in CNN_SHAPES:
+        if len(shape) == 1:
+            params.append(np.zeros(shape, np.float32))
+        else:
+            fan_in = int(np.prod(shape[:-1]))
+            params.append((rng.standard_normal(shape) * np.sqrt(2 / fan_in)).astype(np.float32))
+    return params

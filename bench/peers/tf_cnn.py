@@ -1,0 +1,68 @@
+"""TensorFlow: the tutorial CNN step as a tf.function, on one device or MirroredStrategy over
+N logical CPU devices (Adam).
+
+    python -m bench.peers.tf_cnn --devices 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--devices", type=int, default=1)
+    args = ap.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    from bench.peers.common import LR, cnn_data, cnn_init, report, time_steps
+
+    n = args.devices
+    cpus = tf.config.list_physical_devices("CPU")
+    if n > 1:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        strategy = tf.distribute.MirroredStrategy(
+            [f"/cpu:{i}" for i in range(n)],
+            cross_device_ops=tf.distribute.ReductionToOneDevice())
+    else:
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    x, y = cnn_data()
+    with strategy.scope():
+        params = [tf.Variable(p) for p in cnn_init()]
+        opt = tf.keras.optimizers.Adam(LR, epsilon=1e-7)
+        opt.build(params)
+
+    def forward(h):
+        k1, b1, k2, b2, w3, b3, w4, b4 = params
+        h = tf.nn.relu(tf.nn.conv2d(h, k1, 1, "VALID") + b1)
+        h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+        h = tf.nn.relu(tf.nn.conv2d(h, k2, 1, "VALID") + b2)
+        h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+        h = tf.reshape(h, (tf.shape(h)[0], -1))
+        h = tf.nn.relu(h @ w3 + b3)
+        return h @ w4 + b4
+
+    def replica_fn(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=yb, logits=forward(xb)))
+        opt.apply_gradients(zip(tape.gradient(loss, params), params))
+        return loss
+
+    @tf.function
+    def step(batch):
+        per_replica = strategy.run(replica_fn, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    r = time_steps(lambda: step(batch), sync=lambda loss: loss.numpy())
+    name = "TF tf.function" if n == 1 else f"TF MirroredStrategy x{n} (reduction_to_one_device)"
+    report({"peer": name, "devices": n, "optimizer": "adam", **r})
+
+
+if __name__ == "__main__":
+    main()
