@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
+from test_conv import SWEEP as CONV_SWEEP  # conv, pooling, pad...: loop references there
 
 import graphdist as gd
 from graphdist.ir.types import ArrayType
@@ -310,6 +311,8 @@ def _adam(rng):
     return cases
 
 
+_PHILOX = {"dist": "uniform", "shape": (3, 4), "dtype": np.dtype("float32")}
+
 CASES = {
     "add": _binary_cases(gd.add, np.add),
     "sub": _binary_cases(gd.subtract, np.subtract),
@@ -338,6 +341,7 @@ CASES = {
     "reduce_sum": _reduce_cases(gd.reduce_sum, np.sum),
     "reduce_mean": _reduce_cases(gd.reduce_mean, np.mean),
     "reduce_max": _reduce_cases(gd.reduce_max, np.amax),
+    "reduce_min": _reduce_cases(gd.reduce_min, np.amin),
     "matmul": _matmul,
     "reshape": _reshape,
     "transpose": _transpose,
@@ -360,7 +364,15 @@ CASES = {
     "sgd_update": _sgd,
     "sgd_momentum_update": _sgd_momentum,
     "adam_update": _adam,
+    "philox_random": lambda rng: [Case(     # the stream, pinned: numpy's Philox (ops/random.py)
+        (np.array([2, 7, -9], np.int64), np.int32(0)),
+        lambda s, r: bind(OPS["philox_random"], s, r, **_PHILOX),
+        lambda s, r: np.random.Generator(np.random.Philox(
+            key=np.array([7, 2**64 - 9], np.uint64), counter=np.array([0, 0, 2, 0], np.uint64),
+        )).random((3, 4), np.float32), _PHILOX)],
 }
+CASES.update({name: lambda rng, make=make: [Case(**kw) for kw in make(rng)]
+              for name, make in CONV_SWEEP.items()})
 
 # Registered ops whose rules need a Variable as a parameter: covered by the variable and
 # training-step tests, not by this sweep.

@@ -148,6 +148,91 @@ def _split_vjp(cts, x, *, sizes, axis):
     return (concat(parts, axis),)
 
 
+# ---------------------------------------------------------------- pad (and its gradient)
+
+PAD_MODES = ("CONSTANT", "REFLECT", "SYMMETRIC")
+
+
+def _pad_check(op_name: str, x: ArrayType, paddings, mode, unpadded=None) -> None:
+    """`unpadded`: the shape the reflection happens in (x's own for pad, the result's for
+    pad_grad). TF's limits: REFLECT pads at most size - 1 per side, SYMMETRIC at most size."""
+    if mode not in PAD_MODES:
+        raise ValueError(f"{op_name}: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
+    if len(paddings) != x.ndim or any(len(p) != 2 or min(p) < 0 for p in paddings):
+        raise ShapeError(f"{op_name}: paddings must be one non-negative [before, after] pair "
+                         f"per axis of x:{x}, got {[list(p) for p in paddings]}")
+    limit = {"REFLECT": 1, "SYMMETRIC": 0}.get(mode)
+    for ax, ((b, a), n) in enumerate(zip(paddings, unpadded or x.shape)):
+        if n < 0 or limit is not None and max(b, a) > n - limit:
+            raise ShapeError(f"{op_name}: {mode} padding {[b, a]} does not fit axis {ax} "
+                             f"(size {n}) of x:{x}" + (f" (at most {max(n - limit, 0)} per "
+                                                       f"side)" if limit is not None else ""))
+
+
+pad_p = Op("pad")
+
+
+@pad_p.def_shape
+def _pad_shape(x, *, paddings, mode, constant_values):
+    _pad_check("pad", x, paddings, mode)
+    return ArrayType(tuple(n + b + a for n, (b, a) in zip(x.shape, paddings)), x.dtype)
+
+
+@pad_p.def_impl
+def _pad_impl(xp, x, *, paddings, mode, constant_values):
+    if x.ndim == 0:
+        return x.copy()
+    if mode == "CONSTANT":
+        return xp.pad(x, paddings, mode="constant", constant_values=constant_values)
+    return xp.pad(x, paddings, mode=mode.lower())
+
+
+@pad_p.def_vjp
+def _pad_vjp(ct, x, *, paddings, mode, constant_values):
+    if mode == "CONSTANT":         # the middle of ct: a view
+        return (getitem(ct, tuple(slice(b, b + n) for (b, _), n in zip(paddings,
+                                                                        x.ty.shape))),)
+    return (bind(pad_grad_p, ct, paddings=paddings, mode=mode),)
+
+
+pad_p.def_batch(lambda bx, x, *, paddings, **params: bx.add(
+    pad_p, x, paddings=((0, 0),) + paddings, **params))
+
+# pad's adjoint: the middle of ct, plus (REFLECT, SYMMETRIC) the mirrored borders folded back
+pad_grad_p = Op("pad_grad")
+
+
+@pad_grad_p.def_shape
+def _pad_grad_shape(ct, *, paddings, mode):
+    shape = tuple(n - b - a for n, (b, a) in zip(ct.shape, paddings))
+    _pad_check("pad_grad", ct, paddings, mode, shape)
+    return ArrayType(shape, ct.dtype)
+
+
+@pad_grad_p.def_impl
+def _pad_grad_impl(xp, ct, *, paddings, mode):
+    g = ct
+    for ax, (b, a) in enumerate(paddings):
+        def at(lo, hi, ax=ax):
+            return (slice(None),) * ax + (slice(lo, hi),)
+        n = g.shape[ax] - b - a
+        mid = g[at(b, b + n)].copy()
+        if mode != "CONSTANT":
+            s = 1 if mode == "REFLECT" else 0      # REFLECT mirrors around the edge element
+            if b:
+                mid[at(s, s + b)] += xp.flip(g[at(0, b)], axis=ax)
+            if a:
+                mid[at(n - s - a, n - s)] += xp.flip(g[at(b + n, b + n + a)], axis=ax)
+        g = mid
+    return g if g is not ct else ct.copy()
+
+
+pad_grad_p.def_vjp(lambda ct, g, *, paddings, mode: (
+    bind(pad_p, ct, paddings=paddings, mode=mode, constant_values=0),))
+pad_grad_p.def_batch(lambda bx, ct, *, paddings, mode: bx.add(
+    pad_grad_p, ct, paddings=((0, 0),) + paddings, mode=mode))
+
+
 # ---------------------------------------------------------------- dtype, fills, shape
 
 cast_p = Op("cast", elementwise=True)
@@ -331,6 +416,26 @@ def split(x, num_or_sizes, axis=0):
     else:
         sizes = tuple(int(s) for s in num_or_sizes)
     return list(bind(split_p, x, sizes=sizes, axis=int(axis)))
+
+
+def pad(x, paddings, mode="CONSTANT", constant_values=0):
+    """Pad `x` by `paddings`, one [before, after] pair per axis, as TF's tf.pad: mode
+    "CONSTANT" (with `constant_values`), "REFLECT" or "SYMMETRIC".
+
+    >>> gd.pad(np.array([[1.0, 2.0]]), [[0, 0], [1, 2]])
+    array([[0., 1., 2., 0., 0.]])
+    """
+    try:
+        paddings = tuple(tuple(int(v) for v in p) for p in np.asarray(paddings).tolist())
+    except (TypeError, ValueError):
+        raise ShapeError(f"pad: paddings must be one [before, after] pair per axis, got "
+                         f"{paddings!r}") from None
+    if isinstance(constant_values, np.ndarray | np.generic) and np.ndim(constant_values) == 0:
+        constant_values = constant_values.item()
+    if not isinstance(constant_values, (bool, int, float)):
+        raise TypeError(f"pad: constant_values must be a number, got {constant_values!r}")
+    return bind(pad_p, x, paddings=paddings, mode=str(mode).upper(),
+                constant_values=constant_values)
 
 
 def cast(x, dtype):

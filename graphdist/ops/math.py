@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.errors import ShapeError
-from graphdist.ir.types import ArrayType
+from graphdist.ir.types import ArrayType, as_dtype
 from graphdist.ops.core import (Op, bind, broadcast_types, normalize_axis, require_float,
                                 same_dtype)
 
@@ -208,7 +208,7 @@ def _reduce(name: str, fn: str, floats_only=False) -> Op:
         if name == "reduce_sum" and x.dtype.kind == "b":
             raise TypeError(f"reduce_sum: cannot sum a bool tensor {x}; gd.cast it first")
         axes = normalize_axis(name, axis, x.ndim, x.shape)
-        if name == "reduce_max" and any(x.shape[a] == 0 for a in axes):
+        if name in ("reduce_max", "reduce_min") and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{name}: cannot reduce an empty axis of {x}")
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)
                       if keepdims or i not in axes)
@@ -251,15 +251,82 @@ def _mean_vjp(ct, x, *, axis, keepdims):
 rmax_p = _reduce("reduce_max", "max")
 
 
-@rmax_p.def_vjp
-def _max_vjp(ct, x, *, axis, keepdims):
-    # ties share the gradient equally, as in TF
-    m = _expand_back(reduce_max(x, axis, keepdims), x.ty, axis, keepdims)
+def _to_extremum(ct, x, m, axis, keepdims):
+    # the gradient goes where x equals its reduced extremum m; ties share it equally, as in TF
+    m = _expand_back(m, x.ty, axis, keepdims)
     from graphdist.ops.array import cast
 
     mask = cast(equal(x, m), x.ty.dtype)
     share = _expand_back(reduce_sum(mask, axis, keepdims), x.ty, axis, keepdims)
     return (divide(multiply(_expand_back(ct, x.ty, axis, keepdims), mask), share),)
+
+
+@rmax_p.def_vjp
+def _max_vjp(ct, x, *, axis, keepdims):
+    return _to_extremum(ct, x, reduce_max(x, axis, keepdims), axis, keepdims)
+
+
+rmin_p = _reduce("reduce_min", "min")
+
+
+@rmin_p.def_vjp
+def _min_vjp(ct, x, *, axis, keepdims):
+    return _to_extremum(ct, x, reduce_min(x, axis, keepdims), axis, keepdims)
+
+
+argmax_p = Op("argmax", differentiable=False)
+
+
+@argmax_p.def_shape
+def _argmax_shape(x, *, axis, output_type):
+    (ax,) = normalize_axis("argmax", axis, x.ndim, x.shape)
+    if x.shape[ax] == 0:
+        raise ShapeError(f"argmax: cannot take the argmax over the empty axis {axis} of {x}")
+    if output_type not in (np.dtype("int32"), np.dtype("int64")):
+        raise TypeError(f"argmax: output_type must be int32 or int64, got {output_type}")
+    return ArrayType(x.shape[:ax] + x.shape[ax + 1:], output_type)
+
+
+# the first index of the maximum on ties, as TF
+argmax_p.def_impl(lambda xp, x, *, axis, output_type: xp.argmax(x, axis=axis).astype(
+    output_type, copy=False))
+argmax_p.def_cost(lambda ins, outs, **_: (ins[0].size, ins[0].nbytes + outs[0].nbytes))
+argmax_p.def_batch(lambda bx, x, *, axis, output_type: bx.add(
+    argmax_p, x, axis=normalize_axis("argmax", axis, bx.logical(x).ndim)[0] + 1,
+    output_type=output_type))
+
+# ---------------------------------------------------------------- clip_by_value
+
+clip_p = Op("clip_by_value", elementwise=True)
+
+
+@clip_p.def_shape
+def _clip_shape(x, lo, hi):
+    ty = broadcast_types("clip_by_value", x, lo, hi, names=("t", "clip_value_min",
+                                                            "clip_value_max"))
+    if ty.shape != x.shape:
+        raise ShapeError(f"clip_by_value: the clip values must broadcast to t's shape, got "
+                         f"t:{x}, clip_value_min:{lo}, clip_value_max:{hi}")
+    return ty
+
+
+# TF's order: min(t, max) first, then max(., min)
+clip_p.def_impl(lambda xp, x, lo, hi: xp.maximum(xp.minimum(x, hi), lo))
+
+
+@clip_p.def_out   # not aliased: writing `out` first would clobber a donated clip_value_min
+def _clip_out(xp, out, x, lo, hi):
+    xp.minimum(x, hi, out=out)
+    xp.maximum(out, lo, out=out)
+
+
+@clip_p.def_vjp
+def _clip_vjp(ct, x, lo, hi):
+    # as TF: t's gradient passes where clip_value_min <= t <= clip_value_max, the rest goes
+    # to the bound that clipped it
+    below, above = less(x, lo), greater(x, hi)
+    return (where(below, 0, where(above, 0, ct)), unbroadcast(where(below, ct, 0), lo.ty),
+            unbroadcast(where(above, ct, 0), hi.ty))
 
 
 # ---------------------------------------------------------------- matmul
@@ -421,6 +488,33 @@ def reduce_mean(x, axis=None, keepdims=False):
 
 def reduce_max(x, axis=None, keepdims=False):
     return bind(rmax_p, x, axis=_axis_param(axis), keepdims=bool(keepdims))
+
+
+def reduce_min(x, axis=None, keepdims=False):
+    """Minimum over `axis` (None: all); the gradient goes to the minimum, shared on ties.
+
+    >>> gd.reduce_min(np.array([[3.0, 1.0], [2.0, 5.0]]), axis=1)
+    array([1., 2.])
+    """
+    return bind(rmin_p, x, axis=_axis_param(axis), keepdims=bool(keepdims))
+
+
+def argmax(x, axis=-1, output_type="int64"):
+    """Index of the largest entry along `axis` (the first one on ties); no gradient.
+
+    >>> gd.argmax(np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 1.0]]))
+    array([1, 0])
+    """
+    return bind(argmax_p, x, axis=int(axis), output_type=as_dtype(output_type))
+
+
+def clip_by_value(t, clip_value_min, clip_value_max):
+    """`t` clipped to [clip_value_min, clip_value_max] (scalars or tensors broadcasting to t).
+
+    >>> gd.clip_by_value(np.array([-2.0, 0.5, 3.0]), 0.0, 1.0)
+    array([0. , 0.5, 1. ])
+    """
+    return bind(clip_p, t, clip_value_min, clip_value_max)
 
 
 def _axis_param(axis):
