@@ -4,7 +4,7 @@ This module re-exports the public API of API.md and nothing else.
 """
 
 from graphdist.device import threads as _threads  # noqa: F401  (sets OpenMP waiting first)
-from graphdist import config, data, nn, optimizers  # noqa: F401
+from graphdist import config, data, initializers, nn, optimizers, random  # noqa: F401
 from graphdist.autodiff import GradientTape, value_and_grad
 from graphdist.checkpoint import Checkpoint
 from graphdist.distribute.context import (get_replica_context, get_strategy, has_strategy,
@@ -20,12 +20,13 @@ from graphdist.distribute.values import (Mirrored, PerReplica, ReduceOp, ValueCo
 from graphdist.errors import CheckpointError, GraphError, ShapeError, TraceError, WorkerError
 from graphdist.ir import Graph
 from graphdist.ops.array import (broadcast_to, cast, concat, expand_dims, one_hot, ones_like,
-                                 reshape, shape, split, squeeze, stop_gradient, transpose,
+                                 pad, reshape, shape, split, squeeze, stop_gradient, transpose,
                                  zeros_like)
-from graphdist.ops.math import (abs, add, divide, equal, exp, greater, greater_equal, less,
-                                less_equal, log, matmul, maximum, minimum, multiply, negative,
-                                not_equal, power, reduce_max, reduce_mean, reduce_sum, relu,
-                                sigmoid, sqrt, square, subtract, tanh, where)
+from graphdist.ops.math import (abs, add, argmax, clip_by_value, divide, equal, exp, greater,
+                                greater_equal, less, less_equal, log, matmul, maximum, minimum,
+                                multiply, negative, not_equal, power, reduce_max, reduce_mean,
+                                reduce_min, reduce_sum, relu, sigmoid, sqrt, square, subtract,
+                                tanh, where)
 from graphdist.function import function
 from graphdist.trace import Tensor, name_scope
 from graphdist.variables import Variable
@@ -37,12 +38,13 @@ __all__ = [
     "HierarchicalCopyAllReduce", "HostAllReduce", "Mirrored", "MirroredStrategy", "NcclAllReduce",
     "OneDeviceStrategy", "PerReplica", "ReduceOp", "ReductionToOneDevice", "ReplicaContext",
     "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",
-    "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "broadcast_to",
-    "cast", "choose_cross_device_ops", "concat", "config", "data", "devices", "divide", "equal",
-    "exp", "expand_dims", "function", "get_replica_context", "get_strategy", "greater",
-    "greater_equal", "has_strategy", "in_cross_replica_context", "less", "less_equal", "log",
-    "matmul", "maximum", "minimum", "multiply", "name_scope", "negative", "nn", "not_equal",
-    "one_hot", "ones_like", "optimizers", "power", "reduce_max", "reduce_mean", "reduce_sum",
-    "relu", "reshape", "shape", "sigmoid", "split", "sqrt", "square", "squeeze", "stop_gradient",
+    "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "argmax",
+    "broadcast_to", "cast", "choose_cross_device_ops", "clip_by_value", "concat", "config",
+    "data", "devices", "divide", "equal", "exp", "expand_dims", "function",
+    "get_replica_context", "get_strategy", "greater", "greater_equal", "has_strategy",
+    "in_cross_replica_context", "initializers", "less", "less_equal", "log", "matmul",
+    "maximum", "minimum", "multiply", "name_scope", "negative", "nn", "not_equal", "one_hot",
+    "ones_like", "optimizers", "pad", "power", "random", "reduce_max", "reduce_mean",
+    "reduce_min", "reduce_sum", "relu", "reshape", "shape", "sigmoid", "split", "sqrt", "square", "squeeze", "stop_gradient",
     "subtract", "tanh", "transpose", "value_and_grad", "where", "zeros_like",
 ]

@@ -3,6 +3,7 @@
 One `.npz` file per checkpoint (numpy arrays, no pickle) with a JSON `__meta__` entry.
 Entries are keyed by object path (`model/dense1/w`, `opt/iterations`, and slots by the
 path of their variable: `opt/slots/model/dense1/w/m`). Restore validates everything first.
+An object with a `_checkpoint_children()` method (gd.nn layers) lists its own (key, child) pairs.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def _children(obj):
         return obj.items()
     if isinstance(obj, (list, tuple)):
         return enumerate(obj)
+    if not isinstance(obj, type) and callable(getattr(obj, "_checkpoint_children", None)):
+        return obj._checkpoint_children()   # objects that say what they own (gd.nn layers)
     if isinstance(obj, _LEAVES) or type(obj).__module__.startswith("graphdist."):
         return ()       # gd.function objects, strategies...: they hold variables they don't own
     return getattr(obj, "__dict__", {}).items()

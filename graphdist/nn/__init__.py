@@ -1,7 +1,14 @@
-"""gd.nn: the neural-network functions of API.md (their rules live in graphdist/ops/nn.py;
-compute_average_loss, which reads the replica context, in graphdist/distribute/loss.py)."""
+"""gd.nn: the neural-network functions and layers of API.md. The ops' rules live in
+graphdist/ops/ (nn.py, conv.py); compositions (moments, batch_normalization) and layers
+here; dropout with the random generator (graphdist/random.py); compute_average_loss, which
+reads the replica context, in graphdist/distribute/loss.py."""
 
 from graphdist.distribute.loss import compute_average_loss  # noqa: F401
+from graphdist.nn.layers import (AvgPool2D, BatchNorm, Conv2D, Dense, Dropout,  # noqa: F401
+                                 Flatten, Layer, MaxPool2D, Sequential)
+from graphdist.nn.normalization import batch_normalization, moments  # noqa: F401
+from graphdist.ops.conv import avg_pool2d, conv2d, max_pool2d  # noqa: F401
 from graphdist.ops.math import relu, sigmoid, tanh  # noqa: F401
 from graphdist.ops.nn import (log_softmax, softmax, softmax_cross_entropy,  # noqa: F401
                               sparse_softmax_cross_entropy)
+from graphdist.random import dropout  # noqa: F401
