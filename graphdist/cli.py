@@ -12,21 +12,24 @@ def _demo(args) -> int:
     import numpy as np
 
     import graphdist as gd
-    from graphdist.examples import mlp_digits
+    from graphdist.examples import cnn_digits, mlp_digits
     from graphdist.progress import ProgressBar
 
     kind = "gpu" if args.gpu else "cpu"
     if kind == "gpu" and not gd.devices("gpu"):
         print("graphdist demo --gpu: no GPU here (needs CuPy and a CUDA device)")
         return 1
-    print(f"graphdist demo: a 64-128-10 MLP on the UCI digits, {args.devices} {kind} "
-          f"device(s), {args.steps} steps")
+    example, what = {"mlp": (mlp_digits, "a 64-128-10 MLP"),
+                     "cnn": (cnn_digits, "a CNN (conv 32, pool, conv 64, pool, dense 64, "
+                                         "dense 10)")}[args.model]
+    print(f"graphdist demo: {what} on the UCI digits, {args.devices} {kind} device(s), "
+          f"{args.steps} steps")
     bar = ProgressBar(args.steps)
-    result = mlp_digits.train(args.devices, args.steps, kind=kind,
-                              on_step=lambda i, n, loss: bar.update(i, f"loss {loss:.4f}"))
+    result = example.train(args.devices, args.steps, kind=kind,
+                           on_step=lambda i, n, loss: bar.update(i, f"loss {loss:.4f}"))
     print(f"final loss {result['loss']:.4f}   held-out accuracy {result['accuracy']:.1%}")
     if args.devices > 1:
-        reference = mlp_digits.train(1, args.steps, kind=kind)
+        reference = example.train(1, args.steps, kind=kind)
         diff = max(float(np.max(np.abs(a - b))) for a, b in
                    zip(result["params"], reference["params"]))
         print(f"max |parameter difference| vs one device: {diff:.2e}")
@@ -168,7 +171,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="graphdist", description="compiled graph capture "
                                      "for synchronous data-parallel training")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train the bundled digits MLP end to end")
+    demo = sub.add_parser("demo", help="train a bundled digits model end to end")
+    demo.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                      help="the MLP (default) or the tutorial-shaped CNN")
     demo.add_argument("--devices", type=_positive, default=1,
                       help="logical devices (replicas); CPU devices unless --gpu")
     demo.add_argument("--gpu", action="store_true",
