@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update",
+BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update", "cnn",
               "mirrored_mlp",
               "gpu"]
 
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     for name in args.names or BENCHMARKS:
         print(f"==== bench.{name}")
         module = importlib.import_module(f"bench.{name}")
-        module.main(*([[]] if name in ("mirrored_mlp", "gpu") else []))
+        module.main(*([[]] if name in ("mirrored_mlp", "gpu", "cnn") else []))
     return 0
 
 

@@ -36,3 +36,32 @@ def make_step(strategy, optimizer: str = "adam", params=None):
         return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
 
     return step, ws
+
+
+def cnn_logits(ps, x):
+    """The tutorial CNN (bench/peers/common.py) on NHWC images, TF's VALID convolutions."""
+    k1, b1, k2, b2, w3, b3, w4, b4 = ps
+    h = gd.nn.max_pool2d(gd.relu(gd.nn.conv2d(x, k1, 1, "VALID") + b1), 2, 2, "VALID")
+    h = gd.nn.max_pool2d(gd.relu(gd.nn.conv2d(h, k2, 1, "VALID") + b2), 2, 2, "VALID")
+    h = gd.reshape(h, (h.shape[0], -1))
+    return gd.relu(h @ w3 + b3) @ w4 + b4
+
+
+def make_cnn_step(strategy, params=None):
+    """(step, variables): one Adam step (lr 1e-3) of the tutorial CNN under `strategy`."""
+    from bench.peers.common import cnn_init
+
+    with strategy.scope():
+        ps = [gd.Variable(p, name=f"c{i}") for i, p in enumerate(params or cnn_init())]
+        opt = gd.optimizers.Adam(LR, B1, B2, EPS)
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, cnn_logits(ps, x)))
+            opt.apply_gradients(zip(tape.gradient(loss, ps), ps))
+            return loss
+        return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
+
+    return step, ps

@@ -1,0 +1,131 @@
+"""The tutorial CNN (Conv2D 32 3x3 relu, MaxPool, Conv2D 64 3x3 relu, MaxPool, Flatten,
+Dense 64 relu, Dense 10) on 28x28x1 inputs, global batch 256, Adam: graphdist on one device
+against TensorFlow (tf.function), JAX (jit) and PyTorch (eager), and on 4 logical CPU
+devices (one copy per device, the default) against TF MirroredStrategy and JAX pmap, in
+one run; merged replicas (opt-in) beside them. Then the conv ops alone: GFLOP/s of the
+forward and both backward convolutions against this machine's sgemm, measured in the run.
+Target: graphdist at least as fast as the fastest peer in each row.
+
+    python -m bench.cnn [--no-peers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import graphdist as gd
+from bench.common import interleaved, save, table
+from bench.mirrored_mlp import peer_python, run_peer
+from bench.models import make_cnn_step
+from bench.peers.common import CNN_BATCH, cnn_data
+from graphdist.ops import OPS
+
+PEERS = [("bench.peers.jax_cnn", 1), ("bench.peers.tf_cnn", 1), ("bench.peers.torch_cnn", 1),
+         ("bench.peers.jax_cnn", 4), ("bench.peers.tf_cnn", 4)]
+
+
+def steps(repeat: int) -> tuple[dict, float]:
+    x, y = cnn_data()
+    one = gd.OneDeviceStrategy("cpu:0")
+    four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+    batch4 = next(iter(four.experimental_distribute_dataset([(x, y)])))
+    s1, w1 = make_cnn_step(one)
+    s4, w4 = make_cnn_step(four)
+    gd.config.set_device_concurrency("merged")
+    try:
+        s4m, _ = make_cnn_step(four)
+        s4m(batch4)
+    finally:
+        gd.config.set_device_concurrency("auto")
+    assert not s4.get_replicated_graph(batch4).merged and s4m.replicated_graph.merged
+    for _ in range(3):                    # the same three steps: the same parameters
+        s1((x, y))
+        s4(batch4)
+    diff = max(float(np.max(np.abs(a.numpy() - b.numpy()))) for a, b in zip(w1, w4))
+    t = interleaved({"graphdist 1 device": lambda: s1((x, y)),
+                     "graphdist Mirrored x4 (default: per-device)": lambda: s4(batch4),
+                     "graphdist Mirrored x4 merged (opt-in)": lambda: s4m(batch4)},
+                    repeat=repeat)
+    return t, diff
+
+
+def sgemm_gflops(n: int = 1024, repeat: int = 10) -> float:
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    out = np.empty_like(a)
+    np.matmul(a, a, out=out)
+    best = min(_timed(lambda: np.matmul(a, a, out=out)) for _ in range(repeat))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def conv_gflops(batch: int, repeat: int = 20) -> list:
+    """GFLOP/s of conv2d and its two backward ops on the tutorial's two layers."""
+    rng = np.random.default_rng(0)
+    p = {"strides": (1, 1), "padding": "VALID", "dilations": (1, 1)}
+    rows = []
+    for name, (hw, c, o) in {"conv1 28x28x1->32": (28, 1, 32),
+                             "conv2 13x13x32->64": (13, 32, 64)}.items():
+        x = rng.random((batch, hw, hw, c), dtype=np.float32)
+        f = rng.random((3, 3, c, o), dtype=np.float32)
+        y = OPS["conv2d"].impl(np, x, f, **p)
+        dy = rng.random(y.shape, dtype=np.float32)
+        flops = 2 * y.size * 9 * c
+        cases = {"forward": lambda: OPS["conv2d"].impl(np, x, f, **p),
+                 "backprop input": lambda: OPS["conv2d_backprop_input"].impl(
+                     np, dy, f, input_size=(hw, hw), **p),
+                 "backprop filter": lambda: OPS["conv2d_backprop_filter"].impl(
+                     np, x, dy, filter_size=(3, 3), **p)}
+        for what, fn in cases.items():
+            fn()
+            best = min(_timed(fn) for _ in range(repeat))
+            rows.append((name, what, best, flops / best / 1e9))
+    return rows
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args(argv)
+    t, diff = steps(args.repeat)
+    base = t["graphdist 1 device"]["median_s"]
+    entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
+    runs = [(sys.executable, "bench.peers.graphdist_cnn", 4)]
+    python = None if args.no_peers else peer_python()
+    if python:
+        runs += [(python, module, devices) for module, devices in PEERS]
+    for interpreter, module, devices in runs:
+        r = run_peer(interpreter, module, "--devices", str(devices))
+        if r:
+            entry[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
+    rows = [[name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["vs_graphdist_1"],
+             "" if r.get("first_call_s") is None else f"{r['first_call_s']:.2f}"]
+            for name, r in entry.items()]
+    text = table(f"tutorial CNN, 28x28x1, global batch {CNN_BATCH}, Adam (median of "
+                 f"{args.repeat}; max |param diff| 4 vs 1 device after 3 steps: {diff:.1e})",
+                 ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s"],
+                 rows)
+    peak = sgemm_gflops()
+    convs = conv_gflops(CNN_BATCH // 4) + conv_gflops(CNN_BATCH)
+    conv_text = table(f"conv ops alone (float32, best of 20) against sgemm 1024^3 = "
+                      f"{peak:.0f} GFLOP/s",
+                      ["layer", "op", "batch", "ms", "GFLOP/s", "of sgemm"],
+                      [[layer, op, CNN_BATCH // 4 if k < len(convs) // 2 else CNN_BATCH,
+                        s * 1e3, g, g / peak] for k, (layer, op, s, g) in enumerate(convs)])
+    save("cnn", {"results": entry, "max_param_diff_after_3_steps": diff, "sgemm_gflops": peak,
+                 "convs": [dict(zip(("layer", "op", "seconds", "gflops"), c)) for c in convs],
+                 "table": text + "\n\n" + conv_text})
+    return entry
+
+
+if __name__ == "__main__":
+    main()
