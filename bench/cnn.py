@@ -53,6 +53,27 @@ def steps(repeat: int) -> tuple[dict, float]:
     return t, diff
 
 
+GROUPS = {"relu": "relu and its gradient", "greater": "relu and its gradient",
+          "where": "relu and its gradient", "add": "bias add and its gradient",
+          "reduce_sum": "bias add and its gradient"}
+
+
+def op_profile(repeat: int = 5) -> dict:
+    """graphdist's one-device step, per op (ms, from f.profile after a warm-up), grouped as
+    bench/peers/tf_cnn_ops.py times TensorFlow's ops."""
+    x, y = cnn_data()
+    step, _ = make_cnn_step(gd.OneDeviceStrategy("cpu:0"))
+    for _ in range(2):
+        step.profile((x, y))               # the profiled program's first runs touch its pages
+    totals: dict = {}
+    for _ in range(repeat):
+        for e in step.profile((x, y))["traceEvents"]:
+            if e.get("ph") == "X":
+                name = GROUPS.get(e["name"], e["name"])
+                totals[name] = totals.get(name, 0.0) + e["dur"] / 1e3 / repeat
+    return totals
+
+
 def sgemm_gflops(n: int = 1024, repeat: int = 10) -> float:
     a = np.random.default_rng(0).random((n, n), dtype=np.float32)
     out = np.empty_like(a)
@@ -114,6 +135,14 @@ def main(argv=None) -> dict:
                  f"{args.repeat}; max |param diff| 4 vs 1 device after 3 steps: {diff:.1e})",
                  ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s"],
                  rows)
+    ours = op_profile()
+    theirs = run_peer(python, "bench.peers.tf_cnn_ops") if python else None
+    names = sorted(ours, key=lambda k: -ours[k])[:9]
+    ops_text = table("one-device step per op, ms: graphdist's profile next to TensorFlow's ops "
+                     "timed alone at the same shapes (TF fuses some of them in its step)",
+                     ["op", "graphdist ms", "TF ms"],
+                     [[k, ours[k], "" if not theirs or k not in theirs["ops_s"]
+                       else theirs["ops_s"][k] * 1e3] for k in names])
     peak = sgemm_gflops()
     convs = conv_gflops(CNN_BATCH // 4) + conv_gflops(CNN_BATCH)
     conv_text = table(f"conv ops alone (float32, best of 20) against sgemm 1024^3 = "
@@ -122,8 +151,10 @@ def main(argv=None) -> dict:
                       [[layer, op, CNN_BATCH // 4 if k < len(convs) // 2 else CNN_BATCH,
                         s * 1e3, g, g / peak] for k, (layer, op, s, g) in enumerate(convs)])
     save("cnn", {"results": entry, "max_param_diff_after_3_steps": diff, "sgemm_gflops": peak,
+                 "ops_ms": ours, "tf_ops_ms": theirs and {k: v * 1e3 for k, v in
+                                                         theirs["ops_s"].items()},
                  "convs": [dict(zip(("layer", "op", "seconds", "gflops"), c)) for c in convs],
-                 "table": text + "\n\n" + conv_text})
+                 "table": text + "\n\n" + ops_text + "\n\n" + conv_text})
     return entry
 
 
