@@ -1,8 +1,10 @@
 """Make docs/img/inspect-lanes.png and docs/img/inspect-collectives.png: the HTML viewer on
 the replicated step of `graphdist demo --devices 4` (per-device lanes, collectives between
-them), photographed by headless Chromium.
+them), and docs/img/inspect-cnn.png: the same for `graphdist demo --model cnn --devices 4`
+(a conv layer's nodes), photographed by headless Chromium.
 
     .venv/bin/python tools/viewer_screenshots.py            # needs the `chromium` command
+    .venv/bin/python tools/viewer_screenshots.py inspect-cnn.png    # only the shots named
 
 Each shot is the page `g.to_html()` writes, with a few lines of script appended that do
 what a user would (search, zoom with the wheel, hover a node) before the screenshot.
@@ -22,11 +24,15 @@ SIZE = "1400,900"
 
 # what the page does before the shot, as a user would: type a search and press Enter
 # (centres the first match), zoom out with the wheel, drag the view by `pan` pixels, and
-# hover the node whose tooltip shows `hover` (found by moving the mouse over the lanes)
+# hover the node whose tooltip shows `hover` (found by moving the mouse over the lanes);
+# `model` names the example whose 4-device step is drawn
 SHOTS = {
-    "inspect-lanes.png": {"query": "", "zoom_out": 0, "pan": [0, 0], "hover": "out c@0:"},
-    "inspect-collectives.png": {"query": "host_", "zoom_out": 2, "pan": [150, -160],
-                                "hover": ""},
+    "inspect-lanes.png": {"model": "mlp", "query": "", "zoom_out": 0, "pan": [0, 0],
+                          "hover": "out c@0:"},
+    "inspect-collectives.png": {"model": "mlp", "query": "host_", "zoom_out": 2,
+                                "pan": [150, -160], "hover": ""},
+    "inspect-cnn.png": {"model": "cnn", "query": "", "zoom_out": 0, "pan": [0, 0],
+                        "hover": "out i@0:"},     # the conv2d of conv2d_1 on cpu:0
 }
 
 ACTIONS = """
@@ -80,18 +86,30 @@ def shrink(png: Path) -> None:
         png, optimize=True)
 
 
-def main() -> int:
+def main(names=None) -> int:
+    names = list(names or SHOTS)
+    unknown = [n for n in names if n not in SHOTS]
+    if unknown:
+        print(f"unknown shot(s) {unknown}; choose from {list(SHOTS)}", file=sys.stderr)
+        return 2
     chromium = shutil.which("chromium")
     if chromium is None:
         print("needs the `chromium` command (Debian: apt-get install chromium)", file=sys.stderr)
         return 1
     sys.path.insert(0, str(ROOT))
-    from graphdist.examples import mlp_digits
+    from graphdist.examples import cnn_digits, mlp_digits
 
-    step = mlp_digits.train(4, steps=1)["train_step"]   # what `graphdist demo --devices 4` draws
+    examples = {"mlp": mlp_digits, "cnn": cnn_digits}
+    pages: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        page = Path(step.replicated_graph.to_html(Path(tmp) / "step.html")).read_text()
-        for name, shot in SHOTS.items():
+        for name in names:
+            shot = dict(SHOTS[name])
+            model = shot.pop("model")
+            if model not in pages:      # what `graphdist demo [--model cnn] --devices 4` draws
+                step = examples[model].train(4, steps=1)["train_step"]
+                pages[model] = Path(step.replicated_graph.to_html(
+                    Path(tmp) / "step.html")).read_text()
+            page = pages[model]
             html = Path(tmp) / name.replace(".png", ".html")
             html.write_text(page.replace("</body>", ACTIONS % json.dumps(shot), 1))
             out = ROOT / "docs" / "img" / name
@@ -106,4 +124,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
