@@ -631,3 +631,18 @@ SWEEP = {
     "argmax": _argmax_examples,
     "clip_by_value": _clip_examples,
 }
+
+
+def test_the_forward_pass_in_pieces_equals_one_piece(monkeypatch):
+    """conv2d makes its patches a few images at a time (ops/conv.py PATCH_BYTES): cut into
+    pieces of one image it gives the bits of the one-piece product, row by row."""
+    from graphdist.ops import conv
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 7, 9, 3)).astype(np.float32)
+    f = rng.standard_normal((3, 2, 3, 4)).astype(np.float32)
+    whole = gd.nn.conv2d(x, f, strides=(2, 1), padding="SAME", dilations=1)
+    monkeypatch.setattr(conv, "PATCH_BYTES", 1)            # one image a piece
+    pieces = gd.nn.conv2d(x, f, strides=(2, 1), padding="SAME", dilations=1)
+    np.testing.assert_allclose(pieces, whole, rtol=1e-6, atol=1e-6)
+    assert len(conv._image_chunks(5, 10)) == 5

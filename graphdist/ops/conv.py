@@ -107,6 +107,20 @@ def _taps(k_hw, strides, dilations, pads, in_hw, out_hw):
 FEW_CHANNELS = 4
 
 
+# the forward pass makes and multiplies the patches of at most this many bytes at a time
+# (whole images), so the GEMM reads them while they are still in cache. x (256, 13, 13, 32)
+# with 3x3x32x64 filters, 2 cores: 9.5 ms in one piece, 8.0-8.5 ms in 4 MiB pieces, 9-10 ms
+# in 9-18 MiB ones. The filter gradient gained nothing from pieces (its GEMM sums over the
+# rows): it stays one product.
+PATCH_BYTES = 4 << 20
+
+
+def _image_chunks(n: int, per_image: int):
+    """Slices of whole images whose patches take at most PATCH_BYTES (at least one image)."""
+    step = max(1, PATCH_BYTES // max(1, per_image))
+    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+
+
 def _im2col(xp, x, k_hw, strides, dilations, out_hw, pads):
     """x (N, H, W, C) -> patches (N*OH*OW, KH*KW*C): a strided window view copied once
     (a transposed view of a (KH*KW*C, N*OH*OW) copy when C is small)."""
@@ -178,8 +192,10 @@ def _conv2d_shape(x, f, *, strides, padding, dilations):
 def _conv2d_out(xp, out, x, f, *, strides, padding, dilations):
     out_hw, pads = window_geometry("conv2d", x.shape[1:3], f.shape[:2], strides, dilations,
                                    padding, "")
-    cols = _im2col(xp, x, f.shape[:2], strides, dilations, out_hw, pads)   # (rows, KH*KW*C)
-    xp.matmul(cols, f.reshape(-1, f.shape[3]), out=out.reshape(-1, f.shape[3]))
+    o = f.shape[3]
+    for part in _image_chunks(x.shape[0], out_hw[0] * out_hw[1] * f[..., 0].size * x.itemsize):
+        cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads)
+        xp.matmul(cols, f.reshape(-1, o), out=out[part].reshape(-1, o))   # (rows, O)
 
 
 @conv2d_p.def_impl
