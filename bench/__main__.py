@@ -7,9 +7,8 @@ import argparse
 import importlib
 import sys
 
-BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update", "cnn",
-              "mirrored_mlp",
-              "gpu"]
+BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update",
+              "mirrored_mlp", "cnn", "gpu"]
 
 
 def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:

@@ -12,14 +12,12 @@ Target: graphdist at least as fast as the fastest peer in each row.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import numpy as np
 
 import graphdist as gd
-from bench.common import interleaved, save, table
-from bench.mirrored_mlp import peer_python, run_peer
+from bench.common import interleaved, peer_python, run_peer, run_peers, save, table
 from bench.models import make_cnn_step
 from bench.peers.common import CNN_BATCH, cnn_data
 from graphdist.ops import OPS
@@ -120,14 +118,8 @@ def main(argv=None) -> dict:
     t, diff = steps(args.repeat)
     base = t["graphdist 1 device"]["median_s"]
     entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
-    runs = [(sys.executable, "bench.peers.graphdist_cnn", 4)]
+    entry.update(run_peers("bench.peers.graphdist_cnn", PEERS, base, args.no_peers))
     python = None if args.no_peers else peer_python()
-    if python:
-        runs += [(python, module, devices) for module, devices in PEERS]
-    for interpreter, module, devices in runs:
-        r = run_peer(interpreter, module, "--devices", str(devices))
-        if r:
-            entry[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
     rows = [[name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["vs_graphdist_1"],
              "" if r.get("first_call_s") is None else f"{r['first_call_s']:.2f}"]
             for name, r in entry.items()]

@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -124,3 +126,48 @@ def save(name: str, payload: dict) -> Path:
         path.write_text(text)
     print(f"saved {path}")
     return path
+
+
+# ---------------------------------------------------------------- the peers
+# They run in subprocesses of the benchmark environment's Python (`.venv-bench/bin/python`
+# or $GRAPHDIST_PEER_PYTHON); graphdist never depends on them.
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def peer_python() -> str | None:
+    explicit = os.environ.get("GRAPHDIST_PEER_PYTHON")
+    if explicit:
+        return explicit
+    local = ROOT / ".venv-bench" / "bin" / "python"
+    return str(local) if local.exists() else None
+
+
+def run_peer(python: str, module: str, *args) -> dict | None:
+    from graphdist.device.threads import ENV_SET
+
+    env = {k: v for k, v in os.environ.items() if k not in ENV_SET}  # peers get the user's env
+    try:
+        done = subprocess.run([python, "-m", module, *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env=env)
+    except subprocess.TimeoutExpired:
+        return None
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"peer {module} {args} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+    return None
+
+
+def run_peers(own: str, peers, base: float, no_peers: bool = False, *args) -> dict:
+    """{name: result} of graphdist's own script `own` on 4 devices in a fresh process (for
+    its first call) and of each (module, devices) in `peers` where a peer Python exists;
+    `vs_graphdist_1` is each median over `base`."""
+    python = None if no_peers else peer_python()
+    runs = [(sys.executable, own, 4)] + [(python, m, d) for m, d in peers if python]
+    out = {}
+    for interpreter, module, devices in runs:
+        r = run_peer(interpreter, module, "--devices", str(devices), *args)
+        if r:
+            out[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
+    return out

@@ -14,45 +14,13 @@ or $GRAPHDIST_PEER_PYTHON); graphdist never depends on them.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 
 import graphdist as gd
-from bench.common import interleaved, save, table
+from bench.common import interleaved, run_peers, save, table
 from bench.models import make_step
 from bench.peers.common import BATCH, SIZES, data
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def peer_python() -> str | None:
-    explicit = os.environ.get("GRAPHDIST_PEER_PYTHON")
-    if explicit:
-        return explicit
-    local = ROOT / ".venv-bench" / "bin" / "python"
-    return str(local) if local.exists() else None
-
-
-def run_peer(python: str, module: str, *args) -> dict | None:
-    from graphdist.device.threads import ENV_SET
-
-    env = {k: v for k, v in os.environ.items() if k not in ENV_SET}  # peers get the user's env
-    try:
-        done = subprocess.run([python, "-m", module, *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600, env=env)
-    except subprocess.TimeoutExpired:
-        return None
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    print(f"peer {module} {args} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
-    return None
-
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
@@ -85,17 +53,10 @@ def main(argv=None) -> dict:
         base = t["graphdist 1 device"]["median_s"]
         entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
         entry["max_param_diff_after_3_steps"] = diff
-        python = None if args.no_peers else peer_python()
-        runs = [(sys.executable, "bench.peers.graphdist_mlp", 4)]    # its first call
-        if python:
-            runs += [(python, module, devices) for module in ("bench.peers.jax_mlp",
-                                                              "bench.peers.tf_mlp")
-                     for devices in (1, 4)]
-        for interpreter, module, devices in runs:
-            r = run_peer(interpreter, module, "--devices", str(devices), "--optimizer",
-                         optimizer)
-            if r:
-                entry[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
+        peers = [(module, devices) for module in ("bench.peers.jax_mlp", "bench.peers.tf_mlp")
+                 for devices in (1, 4)]
+        entry.update(run_peers("bench.peers.graphdist_mlp", peers, base, args.no_peers,
+                               "--optimizer", optimizer))
         results[optimizer] = entry
         for name, r in entry.items():
             if isinstance(r, dict):

@@ -47,6 +47,51 @@ def time_steps(step, sync=lambda r: r, warmup: int = 5, repeat: int = 20) -> dic
             "first_call_s": first}
 
 
+def jax_step(loss_fn, update, params, state, x, y, n: int):
+    """run() -> loss of one training step: jit on one device, or pmap over `n` host devices
+    with the gradients and the loss averaged across them (x, y: the global batch)."""
+    import jax
+    import jax.numpy as jnp
+
+    def one(params, state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        if n > 1:
+            grads, loss = jax.lax.pmean(grads, "i"), jax.lax.pmean(loss, "i")
+        params, state = update(params, state, grads)
+        return params, state, loss
+
+    if n == 1:
+        step, carry, xs, ys = jax.jit(one), [params, state], jnp.asarray(x), jnp.asarray(y)
+    else:
+        step = jax.pmap(one, axis_name="i")
+        rep = lambda t: jax.tree_util.tree_map(  # noqa: E731 - one copy per device
+            lambda a: jnp.broadcast_to(a, (n,) + jnp.shape(a)), t)
+        carry = [rep(params), rep(state)]
+        xs = jnp.asarray(x.reshape((n, len(x) // n) + x.shape[1:]))
+        ys = jnp.asarray(y.reshape(n, len(y) // n))
+
+    def run():
+        carry[0], carry[1], loss = step(carry[0], carry[1], xs, ys)
+        return loss
+
+    return run
+
+
+def tf_strategy(n: int, cross_device_ops: str = "reduction_to_one_device"):
+    """TF's OneDeviceStrategy, or MirroredStrategy over `n` logical CPU devices."""
+    import tensorflow as tf
+
+    if n == 1:
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+    ops = {"reduction_to_one_device": tf.distribute.ReductionToOneDevice(),
+           "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce()}[cross_device_ops]
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)],
+                                          cross_device_ops=ops)
+
+
 def report(result: dict) -> None:
     print("RESULT " + json.dumps(result))
     sys.stdout.flush()

@@ -18,7 +18,7 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
 
-    from bench.peers.common import BATCH, LR, data, init, report, time_steps
+    from bench.peers.common import LR, data, init, jax_step, report, time_steps
 
     x, y = data()
     params = [jnp.asarray(p) for p in init()]
@@ -48,31 +48,7 @@ def main() -> None:
     zeros = [jnp.zeros_like(p) for p in params]
     state = (zeros, zeros, jnp.float32(0)) if args.optimizer == "adam" else (zeros,)
     n = args.devices
-    if n == 1:
-        @jax.jit
-        def step(params, state, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-            params, state = update(params, state, grads)
-            return params, state, loss
-        carry = [params, state]
-        xs, ys = jnp.asarray(x), jnp.asarray(y)
-    else:
-        def replica(params, state, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-            grads = jax.lax.pmean(grads, "i")
-            params, state = update(params, state, grads)
-            return params, state, jax.lax.pmean(loss, "i")
-        step = jax.pmap(replica, axis_name="i")
-        rep = lambda t: jax.tree_util.tree_map(  # noqa: E731 - one copy per device
-            lambda a: jnp.broadcast_to(a, (n,) + jnp.shape(a)), t)
-        carry = [rep(params), rep(state)]
-        xs = jnp.asarray(x.reshape(n, BATCH // n, -1))
-        ys = jnp.asarray(y.reshape(n, BATCH // n))
-
-    def run():
-        carry[0], carry[1], loss = step(carry[0], carry[1], xs, ys)
-        return loss
-
+    run = jax_step(loss_fn, update, params, state, x, y, n)
     r = time_steps(run, sync=lambda loss: loss.block_until_ready())
     report({"peer": f"JAX {'jit' if n == 1 else f'pmap x{n}'}", "devices": n,
             "optimizer": args.optimizer, **r})

@@ -17,18 +17,10 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    from bench.peers.common import LR, cnn_data, cnn_init, report, time_steps
+    from bench.peers.common import LR, cnn_data, cnn_init, report, tf_strategy, time_steps
 
     n = args.devices
-    cpus = tf.config.list_physical_devices("CPU")
-    if n > 1:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-        strategy = tf.distribute.MirroredStrategy(
-            [f"/cpu:{i}" for i in range(n)],
-            cross_device_ops=tf.distribute.ReductionToOneDevice())
-    else:
-        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    strategy = tf_strategy(n)
     x, y = cnn_data()
     with strategy.scope():
         params = [tf.Variable(p) for p in cnn_init()]

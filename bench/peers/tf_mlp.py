@@ -19,20 +19,10 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    from bench.peers.common import LR, data, init, report, time_steps
+    from bench.peers.common import LR, data, init, report, tf_strategy, time_steps
 
     n = args.devices
-    cpus = tf.config.list_physical_devices("CPU")
-    if n > 1:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-        ops = {"reduction_to_one_device": tf.distribute.ReductionToOneDevice(),
-               "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce()}[
-                   args.cross_device_ops]
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)],
-                                                  cross_device_ops=ops)
-    else:
-        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    strategy = tf_strategy(n, args.cross_device_ops)
     x, y = data()
     with strategy.scope():
         params = [tf.Variable(p) for p in init()]
