@@ -64,3 +64,48 @@ def max_pool_grad_cpu(x, y, dy, dx, ksize, strides, pads) -> None:
     with threads_for(x.nbytes + dx.nbytes):
         _max_pool_grad(x, y, dy, dx, ksize[0], ksize[1], strides[0], strides[1], pads[0],
                        pads[1])
+
+
+def max_pool_ref(x, ksize, strides, pads, out_hw):
+    """The spec of max_pool2d: each window's maximum over the taps inside x (padding never
+    wins), NaN propagating as np.maximum does. x (N, H, W, C); pads (top, left).
+
+    >>> max_pool_ref(np.arange(4.).reshape(1, 2, 2, 1), (2, 2), (2, 2), (0, 0), (1, 1))[..., 0]
+    array([[[3.]]])
+    """
+    n, h, w, c = x.shape
+    y = np.full((n, *out_hw, c), -np.inf, x.dtype)
+    for i in range(out_hw[0]):
+        for j in range(out_hw[1]):
+            r0, s0 = i * strides[0] - pads[0], j * strides[1] - pads[1]
+            win = x[:, max(r0, 0):max(r0 + ksize[0], 0), max(s0, 0):max(s0 + ksize[1], 0)]
+            y[:, i, j] = np.max(win, axis=(1, 2))
+    return y
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _max_pool(x, y, kh, kw, sh, sw, top, left):
+    n, h, w, c = x.shape
+    for b in prange(n):
+        for i in range(y.shape[1]):
+            for j in range(y.shape[2]):
+                for ch in range(c):
+                    y[b, i, j, ch] = -np.inf
+                for p in range(kh):
+                    r = i * sh + p - top
+                    if r < 0 or r >= h:
+                        continue
+                    for q in range(kw):
+                        s = j * sw + q - left
+                        if s < 0 or s >= w:
+                            continue
+                        for ch in range(c):             # contiguous: vectorizes
+                            v = x[b, r, s, ch]
+                            m = y[b, i, j, ch]
+                            y[b, i, j, ch] = v if (v > m or v != v) else m
+
+
+def max_pool_cpu(x, y, ksize, strides, pads) -> None:
+    """y[...] = max_pool_ref(x, ksize, strides, pads, y.shape[1:3]), written into y."""
+    with threads_for(x.nbytes + y.nbytes):
+        _max_pool(x, y, ksize[0], ksize[1], strides[0], strides[1], pads[0], pads[1])

@@ -338,6 +338,11 @@ CASES = {
     "sigmoid": _unary_cases(gd.sigmoid, _sigmoid_ref),
     "relu": _unary_cases(gd.relu, lambda x: x * (x > 0), _away_from_zero),
     "where": _where,
+    # y only picks the positions (piecewise constant): the gradient is w.r.t. ct
+    "relu_grad": lambda rng: [Case((_u(rng, *s), _away_from_zero(rng, *s)),
+                                   lambda ct, y: bind(OPS["relu_grad"], ct, y),
+                                   lambda ct, y: np.where(y > 0, ct, 0.0), diff=(0,))
+                              for s in [(3, 4), (5,), (), (48, 50)]],
     "reduce_sum": _reduce_cases(gd.reduce_sum, np.sum),
     "reduce_mean": _reduce_cases(gd.reduce_mean, np.mean),
     "reduce_max": _reduce_cases(gd.reduce_max, np.amax),

@@ -165,7 +165,34 @@ def _sigmoid_vjp(ct, x):
 relu_p = _unary("relu", floats_only=False)
 relu_p.def_impl(lambda xp, x: xp.maximum(x, 0))
 relu_p.def_out(lambda xp, out, x: xp.maximum(x, 0, out=out), may_alias=True)
-relu_p.def_vjp(lambda ct, x: (where(greater(x, 0), ct, 0),))
+relu_p.def_vjp(lambda ct, x: (relu_grad(ct, x),))
+
+# relu's gradient in one pass: ct where y > 0, else 0 (y: relu's input or its output, the
+# same mask), instead of greater + where (a bool array written and read again)
+relu_grad_p = Op("relu_grad", elementwise=True)
+
+
+@relu_grad_p.def_shape
+def _relu_grad_shape(ct, y):
+    dtype = same_dtype("relu_grad", ct, y, names=("ct", "y"))
+    if ct.shape != y.shape:
+        raise ShapeError(f"relu_grad: ct and y must have one shape, got ct:{ct}, y:{y}")
+    return ArrayType(ct.shape, dtype)
+
+
+relu_grad_p.def_impl(lambda xp, ct, y: xp.where(y > 0, ct, ct.dtype.type(0)))
+
+
+@relu_grad_p.def_out(may_alias=True)
+def _relu_grad_out(xp, out, ct, y):
+    off = xp.logical_not(y > 0)            # before out (which may be y) is written
+    xp.copyto(out, ct)
+    xp.copyto(out, out.dtype.type(0), where=off)
+
+
+# linear in ct (the same mask again); y only picks the positions: no gradient
+relu_grad_p.def_vjp(lambda ct2, ct, y: (relu_grad(ct2, y), None))
+relu_grad_p.def_cost(lambda ins, outs: (outs[0].size, sum(t.nbytes for t in (*ins, *outs))))
 
 # ---------------------------------------------------------------- where
 
@@ -460,6 +487,11 @@ def sigmoid(x):
 
 def relu(x):
     return bind(relu_p, x)
+
+
+def relu_grad(ct, y):
+    """ct where y > 0, else 0: relu's gradient (y: relu's input or output)."""
+    return bind(relu_grad_p, ct, y)
 
 
 def abs(x):  # noqa: A001 - numpy's name, as API.md promises

@@ -171,6 +171,25 @@ def where_cpu(out, c, x, y):
     np.copyto(out, x, where=c)
 
 
+def relu_grad_cpu(out, ct, y):
+    """One parallel pass (numpy: a comparison into a bool array, then a masked copy)."""
+    from graphdist.kernels.relu import relu_grad_cpu
+
+    if not relu_grad_cpu(ct, y, out):
+        from graphdist.ops import OPS
+
+        OPS["relu_grad"].out_impl(np, out, ct, y)
+
+
+def max_pool2d_cpu(y, x, *, ksize, strides, padding):
+    """One parallel pass over the windows (numpy: one strided maximum per window tap)."""
+    from graphdist.kernels.pool import max_pool_cpu
+    from graphdist.ops.conv import window_geometry
+
+    _, pads = window_geometry("max_pool2d", x.shape[1:3], ksize, strides, (1, 1), padding, "")
+    max_pool_cpu(x, y, ksize, strides, (pads[0][0], pads[1][0]))
+
+
 def max_pool2d_grad_cpu(dx, x, y, dy, *, ksize, strides, padding):
     """TF's MaxPoolGrad in one parallel pass (numpy's per-tap masks are ~16x slower)."""
     from graphdist.kernels.pool import max_pool_grad_cpu
@@ -218,5 +237,7 @@ KERNELS = {
 OUT_KERNELS = {
     ("cpu", "host_all_reduce"): host_all_reduce_cpu,
     ("cpu", "where"): where_cpu,
+    ("cpu", "relu_grad"): relu_grad_cpu,
+    ("cpu", "max_pool2d"): max_pool2d_cpu,
     ("cpu", "max_pool2d_grad"): max_pool2d_grad_cpu,
 }
