@@ -51,7 +51,8 @@ def steps(repeat: int) -> tuple[dict, float]:
     return t, diff
 
 
-GROUPS = {"relu": "relu and its gradient", "greater": "relu and its gradient",
+GROUPS = {"relu": "relu and its gradient", "relu_grad": "relu and its gradient",
+          "greater": "relu and its gradient",
           "where": "relu and its gradient", "add": "bias add and its gradient",
           "reduce_sum": "bias add and its gradient"}
 
