@@ -291,8 +291,8 @@ class _Checked:
         if out is not None:
             kwargs["out"] = _raw(out)
         result = self.fn(*_raw(args), **{k: _raw(v) for k, v in kwargs.items()})
-        if out is not None:
-            return out
+        if out is not None:     # a ufunc's out= comes as a tuple; one output is returned alone
+            return out[0] if isinstance(out, tuple) and len(out) == 1 else out
         return _wrap(result)
 
     def __getattr__(self, name):

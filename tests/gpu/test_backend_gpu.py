@@ -261,3 +261,38 @@ def test_sync_on_read_and_first_replica_variables_on_gpus(logical_gpus, cdo):
 def test_a_strategy_over_cpus_and_gpus_is_refused_by_name():
     with pytest.raises(ValueError, match=r"cpu:0.*gpu:0|mix CPUs and GPUs"):
         gd.MirroredStrategy(["cpu:0", "gpu:0"])
+
+
+def test_a_cnn_trains_on_logical_gpus_like_on_the_cpu(logical_gpus):
+    """Conv, pooling, relu and their gradient ops on the GPU backend (their impls use only
+    the array API CuPy shares with numpy; the pooling kernels are CPU-only table entries)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 6, 6, 2)).astype(np.float32)
+    y = rng.integers(0, 3, 8).astype(np.int32)
+    init = [rng.standard_normal((3, 3, 2, 4)).astype(np.float32) * 0.3,
+            np.zeros(4, np.float32), rng.standard_normal((36, 3)).astype(np.float32) * 0.3]
+    results = []
+    for strategy in (gd.OneDeviceStrategy("cpu:0"), gd.MirroredStrategy(logical_gpus[:2])):
+        with strategy.scope():
+            k, b, w = (gd.Variable(v, name=n) for v, n in zip(init, ("k", "b", "w")))
+            opt = gd.optimizers.SGD(0.1, momentum=0.9)
+
+        @gd.function
+        def step(batch, strategy=strategy, k=k, b=b, w=w, opt=opt):
+            def replica_fn(xb, yb):
+                with gd.GradientTape() as tape:
+                    h = gd.relu(gd.nn.conv2d(xb, k, 1, "SAME") + b)
+                    h = gd.nn.max_pool2d(h, 2, 2, "VALID")
+                    logits = gd.reshape(h, (h.shape[0], -1)) @ w
+                    loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(yb, logits))
+                opt.apply_gradients(zip(tape.gradient(loss, [k, b, w]), [k, b, w]))
+                return loss
+            return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
+
+        batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
+        losses = [float(step(batch)) for _ in range(3)]
+        results.append((losses, [v.numpy() for v in (k, b, w)]))
+    (cpu_losses, cpu_params), (gpu_losses, gpu_params) = results
+    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-5)
+    for g, c in zip(gpu_params, cpu_params):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-5)
