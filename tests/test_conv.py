@@ -382,7 +382,7 @@ def test_max_pool_grad_kernel_matches_reference(padding, ksize, strides):
     from graphdist.kernels.pool import max_pool_grad_cpu
     from graphdist.kernels.pool import max_pool_grad_ref as kernel_ref
 
-    from graphdist.ops.conv import window_geometry
+    from graphdist.ops.window import window_geometry
 
     rng = np.random.default_rng(9)
     x = rng.integers(0, 3, (2, 7, 9, 3)).astype(np.float32)         # many ties

@@ -9,7 +9,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.ops import OPS, bind
-from graphdist.ops.conv import window_geometry
+from graphdist.ops.window import window_geometry
 
 DTYPES = [np.float32, np.float64]
 

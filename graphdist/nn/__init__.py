@@ -7,7 +7,8 @@ from graphdist.distribute.loss import compute_average_loss  # noqa: F401
 from graphdist.nn.layers import (AvgPool2D, BatchNorm, Conv2D, Dense, Dropout,  # noqa: F401
                                  Flatten, Layer, MaxPool2D, Sequential)
 from graphdist.nn.normalization import batch_normalization, moments  # noqa: F401
-from graphdist.ops.conv import avg_pool2d, conv2d, max_pool2d  # noqa: F401
+from graphdist.ops.conv import conv2d  # noqa: F401
+from graphdist.ops.pool import avg_pool2d, max_pool2d  # noqa: F401
 from graphdist.ops.math import relu, sigmoid, tanh  # noqa: F401
 from graphdist.ops.nn import (log_softmax, softmax, softmax_cross_entropy,  # noqa: F401
                               sparse_softmax_cross_entropy)

@@ -18,7 +18,8 @@ from graphdist.distribute.values import VariableAggregation, VariableSynchroniza
 from graphdist.errors import CheckpointError, ShapeError
 from graphdist.nn.normalization import batch_normalization, moments
 from graphdist.ops.array import cast, concat, reshape, split, stop_gradient
-from graphdist.ops.conv import avg_pool2d, conv2d, max_pool2d
+from graphdist.ops.conv import conv2d
+from graphdist.ops.pool import avg_pool2d, max_pool2d
 from graphdist.ops.math import (add, divide, matmul, maximum, multiply, reduce_sum, relu,
                                 sigmoid, square, subtract, tanh)
 from graphdist.random import Generator, dropout

@@ -1,7 +1,7 @@
 """The op registry: every op's rules in one block each (see docs/adding_an_op.md)."""
 
-from graphdist.ops import (array, collectives, conv, math, nn, optim, random,  # noqa: F401
-                           state)  # (each registers its ops)
+from graphdist.ops import (array, collectives, conv, math, nn, optim, pool,  # noqa: F401
+                           random, state)  # (each registers its ops)
 from graphdist.ops import device_collectives, host_collectives  # noqa: F401  (fused collectives)
 from graphdist.ops.core import OPS, Op, Symbolic, bind
 

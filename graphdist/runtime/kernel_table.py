@@ -184,7 +184,7 @@ def relu_grad_cpu(out, ct, y):
 def max_pool2d_cpu(y, x, *, ksize, strides, padding):
     """One parallel pass over the windows (numpy: one strided maximum per window tap)."""
     from graphdist.kernels.pool import max_pool_cpu
-    from graphdist.ops.conv import window_geometry
+    from graphdist.ops.window import window_geometry
 
     _, pads = window_geometry("max_pool2d", x.shape[1:3], ksize, strides, (1, 1), padding, "")
     max_pool_cpu(x, y, ksize, strides, (pads[0][0], pads[1][0]))
@@ -193,7 +193,7 @@ def max_pool2d_cpu(y, x, *, ksize, strides, padding):
 def max_pool2d_grad_cpu(dx, x, y, dy, *, ksize, strides, padding):
     """TF's MaxPoolGrad in one parallel pass (numpy's per-tap masks are ~16x slower)."""
     from graphdist.kernels.pool import max_pool_grad_cpu
-    from graphdist.ops.conv import window_geometry
+    from graphdist.ops.window import window_geometry
 
     _, pads = window_geometry("max_pool2d_grad", x.shape[1:3], ksize, strides, (1, 1), padding,
                               "")
