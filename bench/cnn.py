@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 import graphdist as gd
-from bench.common import interleaved, peer_python, run_peer, run_peers, save, table
-from bench.models import make_cnn_step
+from bench.common import peer_python, run_peer, run_peers, save, table
+from bench.models import graphdist_side_by_side, make_cnn_step
 from bench.peers.common import CNN_BATCH, cnn_data
 from graphdist.ops import OPS
 
@@ -28,27 +28,7 @@ PEERS = [("bench.peers.jax_cnn", 1), ("bench.peers.tf_cnn", 1), ("bench.peers.to
 
 def steps(repeat: int) -> tuple[dict, float]:
     x, y = cnn_data()
-    one = gd.OneDeviceStrategy("cpu:0")
-    four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
-    batch4 = next(iter(four.experimental_distribute_dataset([(x, y)])))
-    s1, w1 = make_cnn_step(one)
-    s4, w4 = make_cnn_step(four)
-    gd.config.set_device_concurrency("merged")
-    try:
-        s4m, _ = make_cnn_step(four)
-        s4m(batch4)
-    finally:
-        gd.config.set_device_concurrency("auto")
-    assert not s4.get_replicated_graph(batch4).merged and s4m.replicated_graph.merged
-    for _ in range(3):                    # the same three steps: the same parameters
-        s1((x, y))
-        s4(batch4)
-    diff = max(float(np.max(np.abs(a.numpy() - b.numpy()))) for a, b in zip(w1, w4))
-    t = interleaved({"graphdist 1 device": lambda: s1((x, y)),
-                     "graphdist Mirrored x4 (default: per-device)": lambda: s4(batch4),
-                     "graphdist Mirrored x4 merged (opt-in)": lambda: s4m(batch4)},
-                    repeat=repeat)
-    return t, diff
+    return graphdist_side_by_side(make_cnn_step, (x, y), repeat)
 
 
 GROUPS = {"relu": "relu and its gradient", "relu_grad": "relu and its gradient",

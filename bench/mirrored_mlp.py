@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 
-import graphdist as gd
-from bench.common import interleaved, run_peers, save, table
-from bench.models import make_step
+from bench.common import run_peers, save, table
+from bench.models import graphdist_side_by_side, make_step
 from bench.peers.common import BATCH, SIZES, data
 
 def main(argv=None) -> dict:
@@ -28,28 +26,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
     x, y = data()
-    one = gd.OneDeviceStrategy("cpu:0")
-    four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
-    batch4 = next(iter(four.experimental_distribute_dataset([(x, y)])))
     results, rows = {}, []
     for optimizer in ("adam", "momentum"):
-        s1, w1 = make_step(one, optimizer)
-        s4, w4 = make_step(four, optimizer)              # per-device copies (the default)
-        gd.config.set_device_concurrency("merged")
-        try:                                             # the same step, replicas merged
-            s4m, w4m = make_step(four, optimizer)
-            s4m(batch4)
-        finally:
-            gd.config.set_device_concurrency("auto")
-        assert not s4.get_replicated_graph(batch4).merged and s4m.replicated_graph.merged
-        for _ in range(3):                    # the same three steps: same parameters
-            s1((x, y))
-            s4(batch4)
-        diff = max(float(np.max(np.abs(a.numpy() - b.numpy()))) for a, b in zip(w1, w4))
-        t = interleaved({"graphdist 1 device": lambda: s1((x, y)),
-                         "graphdist Mirrored x4 (default: per-device)": lambda: s4(batch4),
-                         "graphdist Mirrored x4 merged (opt-in)": lambda: s4m(batch4)},
-                        repeat=args.repeat)
+        t, diff = graphdist_side_by_side(lambda strategy: make_step(strategy, optimizer),
+                                         (x, y), args.repeat)
         base = t["graphdist 1 device"]["median_s"]
         entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
         entry["max_param_diff_after_3_steps"] = diff

@@ -3,6 +3,8 @@ the same model live in bench/peers/."""
 
 from __future__ import annotations
 
+import numpy as np
+
 import graphdist as gd
 from bench.peers.common import LR, init
 
@@ -65,3 +67,33 @@ def make_cnn_step(strategy, params=None):
         return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
 
     return step, ps
+
+
+def graphdist_side_by_side(make, batch, repeat: int) -> tuple[dict, float]:
+    """graphdist's step from `make(strategy) -> (step, variables)` on one device, on 4
+    logical CPU devices as it runs by default (per device) and merged (opt-in), timed side
+    by side; also the largest parameter difference, 4 devices against one, after the same
+    three steps."""
+    from bench.common import interleaved
+
+    one = gd.OneDeviceStrategy("cpu:0")
+    four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+    batch4 = next(iter(four.experimental_distribute_dataset([batch])))
+    s1, w1 = make(one)
+    s4, w4 = make(four)
+    gd.config.set_device_concurrency("merged")
+    try:
+        s4m, _ = make(four)
+        s4m(batch4)
+    finally:
+        gd.config.set_device_concurrency("auto")
+    assert not s4.get_replicated_graph(batch4).merged and s4m.replicated_graph.merged
+    for _ in range(3):                    # the same three steps: the same parameters
+        s1(batch)
+        s4(batch4)
+    diff = max(float(np.max(np.abs(a.numpy() - b.numpy()))) for a, b in zip(w1, w4))
+    t = interleaved({"graphdist 1 device": lambda: s1(batch),
+                     "graphdist Mirrored x4 (default: per-device)": lambda: s4(batch4),
+                     "graphdist Mirrored x4 merged (opt-in)": lambda: s4m(batch4)},
+                    repeat=repeat)
+    return t, diff

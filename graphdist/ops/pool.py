@@ -67,6 +67,11 @@ def _first_max(xp, x, y, taps):
         yield at_out, at_in, hit
 
 
+def _first_max_cost(ins, outs, *, ksize, **_):
+    """Both gradient ops compare, mask and move one value per window tap of y."""
+    return 3 * ins[1].size * ksize[0] * ksize[1], sum(t.nbytes for t in (*ins, *outs))
+
+
 # TF's MaxPoolGrad(orig_input, orig_output, grad): each window's gradient to its first max
 max_pool2d_grad_p = Op("max_pool2d_grad")
 
@@ -96,8 +101,7 @@ max_pool2d_grad_p.def_vjp(lambda ct, x, y, dy, **p: (
     None, None, bind(max_pool2d_grad_grad_p, x, y, ct, **p)))
 max_pool2d_grad_p.def_batch(
     lambda bx, x, y, dy, **params: fold_replicas(bx, max_pool2d_grad_p, (x, y, dy), params))
-max_pool2d_grad_p.def_cost(lambda ins, outs, *, ksize, **_: (
-    3 * ins[1].size * ksize[0] * ksize[1], sum(t.nbytes for t in (*ins, *outs))))
+max_pool2d_grad_p.def_cost(_first_max_cost)
 
 # TF's MaxPoolGradGrad: g (shaped like x) read at each window's first max
 max_pool2d_grad_grad_p = Op("max_pool2d_grad_grad")
@@ -126,8 +130,7 @@ max_pool2d_grad_grad_p.def_vjp(lambda ct, x, y, g, **p: (
     None, None, bind(max_pool2d_grad_p, x, y, ct, **p)))
 max_pool2d_grad_grad_p.def_batch(
     lambda bx, x, y, g, **params: fold_replicas(bx, max_pool2d_grad_grad_p, (x, y, g), params))
-max_pool2d_grad_grad_p.def_cost(lambda ins, outs, *, ksize, **_: (
-    3 * ins[1].size * ksize[0] * ksize[1], sum(t.nbytes for t in (*ins, *outs))))
+max_pool2d_grad_grad_p.def_cost(_first_max_cost)
 
 
 def _avg_counts(xp, x_shape, ksize, strides, padding, dtype):
