@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.distribute.context import get_replica_context
-from graphdist.errors import TraceError
 from graphdist.ops import optim
 from graphdist.ops.array import cast
 from graphdist.distribute.buckets import bucketed_all_reduce
@@ -218,4 +217,4 @@ class AdamW(Adam):
         self.weight_decay = _float("weight_decay", weight_decay)
 
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "TraceError"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
