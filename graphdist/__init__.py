@@ -28,6 +28,7 @@ from graphdist.ops.math import (abs, add, argmax, clip_by_value, divide, equal, 
                                 reduce_min, reduce_sum, relu, sigmoid, sqrt, square, subtract,
                                 tanh, where)
 from graphdist.function import function
+from graphdist.ops.sparse import IndexedSlices, gather
 from graphdist.trace import Tensor, name_scope
 from graphdist.variables import Variable
 
@@ -35,13 +36,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Checkpoint", "CheckpointError", "CrossDeviceOps", "GradientTape", "Graph", "GraphError",
-    "HierarchicalCopyAllReduce", "HostAllReduce", "Mirrored", "MirroredStrategy", "NcclAllReduce",
+    "HierarchicalCopyAllReduce", "HostAllReduce", "IndexedSlices", "Mirrored", "MirroredStrategy",
+    "NcclAllReduce",
     "OneDeviceStrategy", "PerReplica", "ReduceOp", "ReductionToOneDevice", "ReplicaContext",
     "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",
     "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "argmax",
     "broadcast_to", "cast", "choose_cross_device_ops", "clip_by_value", "concat", "config",
     "data", "devices", "divide", "equal", "exp", "expand_dims", "function",
-    "get_replica_context", "get_strategy", "greater", "greater_equal", "has_strategy",
+    "gather", "get_replica_context", "get_strategy", "greater", "greater_equal", "has_strategy",
     "in_cross_replica_context", "initializers", "less", "less_equal", "log", "matmul",
     "maximum", "minimum", "multiply", "name_scope", "negative", "nn", "not_equal", "one_hot",
     "ones_like", "optimizers", "pad", "power", "random", "reduce_max", "reduce_mean",

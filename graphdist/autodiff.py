@@ -1,5 +1,9 @@
 """Reverse-mode autodiff over the IR, driven by each op's vjp rule: GradientTape and
-value_and_grad. The backward pass is traced as ordinary eqns into the same graph."""
+value_and_grad. The backward pass is traced as ordinary eqns into the same graph.
+
+A cotangent may be row-sparse (gd.IndexedSlices, from gather): it stays sparse while it
+only meets other sparse ones (their rows are concatenated) and reaches a variable so; it is
+made dense when it meets a dense one or flows into another op's vjp."""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import numpy as np
 
 from graphdist.errors import TraceError
 from graphdist.ir import Var
+from graphdist.ir.types import is_float
 from graphdist.ops.array import ones_like
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.ops.math import add
+from graphdist.ops.sparse import IndexedSlices, concat_slices, densify
 from graphdist.trace import Tensor
 
 
@@ -17,7 +23,7 @@ def backward(tracer, eqns, seeds: dict) -> dict:
     """Cotangents of every Var reached from `seeds` (Var -> cotangent tensor)."""
     cts = dict(seeds)
     for eqn in reversed(eqns):
-        out_cts = [cts.get(v) for v in eqn.outputs]
+        out_cts = [densify(cts.get(v)) for v in eqn.outputs]
         if all(c is None for c in out_cts) or not eqn.op.differentiable:
             continue
         if eqn.op.vjp is None:
@@ -26,10 +32,17 @@ def backward(tracer, eqns, seeds: dict) -> dict:
         ct = out_cts[0] if eqn.op.num_outputs == 1 else tuple(out_cts)
         in_cts = eqn.op.vjp(ct, *ins, **dict(eqn.params))
         for v, c in zip(eqn.inputs, in_cts):
-            if c is None or not isinstance(v, Var) or v.ty.dtype.kind != "f":
+            if c is None or not isinstance(v, Var) or not is_float(v.ty.dtype):
                 continue
-            cts[v] = c if v not in cts else add(cts[v], c)
+            cts[v] = c if v not in cts else accumulate(cts[v], c)
     return cts
+
+
+def accumulate(a, b):
+    """a + b for cotangents; two sparse ones stay sparse."""
+    if isinstance(a, IndexedSlices) and isinstance(b, IndexedSlices):
+        return concat_slices(a, b)
+    return add(densify(a), densify(b))
 
 
 class GradientTape:
@@ -102,12 +115,12 @@ class GradientTape:
                 return None
             total = parts[0]
             for p in parts[1:]:
-                total = add(total, p)
+                total = accumulate(total, p)
             return total
         v = tracer.lift(source)
         if v not in self._watched and v not in produced:
             return None
-        return cts.get(v)
+        return densify(cts.get(v))
 
 
 def value_and_grad(fn, argnums=0):
@@ -139,7 +152,7 @@ def value_and_grad(fn, argnums=0):
                 args[i] = np.float32(args[i])
             dtype = np.dtype(type(args[i])) if type(args[i]) in (int, bool) else getattr(
                 args[i], "dtype", None)
-            if dtype is not None and np.dtype(dtype).kind != "f":
+            if dtype is not None and not is_float(dtype):
                 raise TypeError(f"value_and_grad: argument {i} is {dtype}; gradients are "
                                 "taken with respect to float arrays (cast it first)")
         if current_tracer() is not None:

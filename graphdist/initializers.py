@@ -75,6 +75,29 @@ def he_uniform(shape, dtype="float32", seed=None, generator=None) -> np.ndarray:
     return _variance_scaling(shape, dtype, seed, generator, 2.0, "fan_in", "uniform")
 
 
+def random_uniform(shape, dtype="float32", minval=-0.05, maxval=0.05, seed=None,
+                   generator=None) -> np.ndarray:
+    """Uniform in [minval, maxval) (Keras RandomUniform; Embedding's default, "uniform").
+
+    >>> float(np.abs(gd.initializers.random_uniform((100,), seed=0)).max()) <= 0.05
+    True
+    """
+    dtype = as_dtype(dtype)
+    u = draw_now("uniform", tuple(shape), dtype, seed, generator)
+    return (u * dtype.type(maxval - minval) + dtype.type(minval)).astype(dtype)
+
+
+uniform = random_uniform     # Keras's string name for it
+
+
+def random_normal(shape, dtype="float32", mean=0.0, stddev=0.05, seed=None,
+                  generator=None) -> np.ndarray:
+    """Normal with `mean` and `stddev` (Keras RandomNormal)."""
+    dtype = as_dtype(dtype)
+    z = draw_now("normal", tuple(shape), dtype, seed, generator)
+    return (z * dtype.type(stddev) + dtype.type(mean)).astype(dtype)
+
+
 def zeros(shape, dtype="float32") -> np.ndarray:
     return np.zeros(tuple(shape) if not isinstance(shape, int) else (shape,), as_dtype(dtype))
 
@@ -84,4 +107,4 @@ def ones(shape, dtype="float32") -> np.ndarray:
 
 
 __all__ = ["compute_fans", "glorot_normal", "glorot_uniform", "he_normal", "he_uniform", "ones",
-           "zeros"]
+           "random_normal", "random_uniform", "uniform", "zeros"]

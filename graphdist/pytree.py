@@ -1,7 +1,8 @@
 """Flattening nested tuples, lists, dicts and per-replica values into leaves and back.
 
 A class whose instances hold children (gd.PerReplica) says so with `tree_children()` and is
-rebuilt as `cls(children)`; this module knows no such class by name."""
+rebuilt as `cls(children)`, or, when it also keeps static data (`tree_aux()`, gd.IndexedSlices'
+dense shape), as `cls.tree_rebuild(children, aux)`; this module knows no such class by name."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ def _flatten(x, path, leaves, paths, leaf_types=()):
         paths.append(path)
         return None
     if _is_node(x):
-        return (type(x), tuple(_flatten(v, f"{path}.values[{i}]", leaves, paths, leaf_types)
-                               for i, v in enumerate(x.tree_children())))
+        children = tuple(_flatten(v, f"{path}.values[{i}]", leaves, paths, leaf_types)
+                         for i, v in enumerate(x.tree_children()))
+        if hasattr(x, "tree_aux"):        # static data the node keeps (a dense shape)
+            return (type(x), children, x.tree_aux())
+        return (type(x), children)
     if isinstance(x, tuple) and hasattr(x, "_fields"):   # namedtuple
         return (type(x), tuple(_flatten(v, f"{path}.{f}", leaves, paths, leaf_types)
                                for f, v in zip(x._fields, x)))
@@ -53,6 +57,8 @@ def _unflatten(tree, it):
     if kind is dict:
         return {k: _unflatten(t, it) for k, t in zip(tree[1], tree[2])}
     children = [_unflatten(t, it) for t in tree[1]]
+    if hasattr(kind, "tree_aux"):
+        return kind.tree_rebuild(children, tree[2])
     if hasattr(kind, "tree_children"):
         return kind(children)
     if hasattr(kind, "_fields"):

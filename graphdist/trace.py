@@ -13,6 +13,7 @@ from graphdist.ops import state
 from graphdist.ops.array import Const, constant_p
 from graphdist.ops.core import Symbolic, bind, current_tracer, pop_tracer, push_tracer
 from graphdist.ops.operators import Operators
+from graphdist.ops.sparse import IndexedSlices, densify
 
 class Tensor(Operators, Symbolic):
     """A symbolic value inside traced code: it has a shape and dtype but no data yet."""
@@ -89,6 +90,8 @@ class Tracer:
             return x.traced_read(self).var
         if isinstance(x, (Var, Lit)):
             return x
+        if isinstance(x, IndexedSlices):                # a sparse gradient used densely
+            return self.lift(densify(x))
         a = np.asarray(x)
         as_dtype(a.dtype)
         if a.ndim == 0:

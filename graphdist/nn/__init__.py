@@ -6,6 +6,7 @@ reads the replica context, in graphdist/distribute/loss.py."""
 from graphdist.distribute.loss import compute_average_loss  # noqa: F401
 from graphdist.nn.layers import (AvgPool2D, BatchNorm, Conv2D, Dense, Dropout,  # noqa: F401
                                  Flatten, Layer, MaxPool2D, Sequential)
+from graphdist.nn.embedding import Embedding, embedding_lookup  # noqa: F401
 from graphdist.nn.normalization import batch_normalization, moments  # noqa: F401
 from graphdist.ops.conv import conv2d  # noqa: F401
 from graphdist.ops.pool import avg_pool2d, max_pool2d  # noqa: F401

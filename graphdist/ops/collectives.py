@@ -53,6 +53,23 @@ broadcast_p.def_impl(lambda xp, x, *, source: (x,))
 broadcast_p.def_vjp(lambda cts, x, *, source: (all_reduce(cts[0], "sum"),))
 broadcast_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in ins)))
 
+# every replica's value, concatenated along axis 0 in replica order (n x its rows): how
+# sparse gradients cross replicas (distribute/sparse.py). `n` is the replica count, so the
+# logical graph knows the gathered shape.
+all_gather_p = Op("all_gather", collective=True, num_outputs=None, differentiable=False)
+
+
+@all_gather_p.def_shape
+def _all_gather_shape(*xs, n):
+    _same_types("all_gather", xs)
+    if xs[0].ndim == 0:
+        raise ValueError(f"all_gather: cannot concatenate scalars ({xs[0]}); reshape to 1-D")
+    return (ArrayType((n * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype),) * len(xs)
+
+
+all_gather_p.def_impl(lambda xp, x, *, n: (xp.concatenate([x] * n),))
+all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))
+
 copy_p = Op("copy_to", collective=True)  # the one cross-device edge: runs on `device`
 copy_p.def_shape(lambda x, *, device: x)
 copy_p.def_impl(lambda xp, x, *, device: xp.array(x, copy=True))
@@ -75,6 +92,11 @@ def _all_reduce_constant(x, op: str):
     if op != "sum" or n == 1:
         return x
     return np.asarray(np.sum(np.broadcast_to(x, (n, *x.shape)), axis=0, dtype=x.dtype))
+
+
+def all_gather(x, n: int):
+    """Every replica's `x` (each of the same shape), concatenated in replica order."""
+    return bind(all_gather_p, x, n=int(n))[0]
 
 
 def broadcast(x, source: int = 0):

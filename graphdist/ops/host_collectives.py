@@ -56,6 +56,32 @@ def host_all_reduce_ref(xs, op: str = "sum"):
     return _host_all_reduce_impl(np, *xs, op=op)
 
 
+# ---------------------------------------------------------------- all-gather
+# inputs: one value per replica (the same type); outputs: every replica's concatenation of
+# all of them in replica order (n x the rows), each written once, straight from the sources
+host_all_gather_p = Op("host_all_gather", collective=True, num_outputs=None,
+                       differentiable=False)
+
+
+@host_all_gather_p.def_shape
+def _host_all_gather_shape(*xs):
+    from graphdist.ops.collectives import all_gather_p
+
+    return all_gather_p.shape_rule(*xs, n=len(xs))
+
+
+host_all_gather_p.def_impl(lambda xp, *xs: tuple(xp.concatenate(xs) for _ in xs))
+
+
+@host_all_gather_p.def_out
+def _host_all_gather_out(xp, outs, *xs):
+    for out in outs:
+        xp.concatenate(xs, out=out)
+
+
+host_all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))
+
+
 # ---------------------------------------------------------------- all-reduce + update
 # Made by passes/fuse.py (fuse_reduce_update) on host devices: a host_all_reduce whose
 # results only feed, as views, the multi-tensor optimizer update of every replica becomes

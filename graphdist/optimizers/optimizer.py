@@ -12,7 +12,7 @@ import numpy as np
 from graphdist.distribute.context import get_replica_context
 from graphdist.ops import optim
 from graphdist.ops.array import cast
-from graphdist.distribute.buckets import bucketed_all_reduce
+from graphdist.distribute.sparse import all_reduce_gradients
 from graphdist.ops.core import bind, current_tracer
 from graphdist.ops.math import (add, divide, maximum, multiply, power, reduce_sum, sqrt, square,
                                 subtract)
@@ -78,8 +78,8 @@ class Optimizer:
         ctx = get_replica_context()
         if all_reduce and ctx is not None and ctx.num_replicas_in_sync > 1:
             bucket_bytes = getattr(ctx.strategy, "bucket_bytes", 25 * 2**20)
-            reduced = bucketed_all_reduce([g for g, _ in pairs], self.gradient_reduction,
-                                          bucket_bytes)
+            reduced = all_reduce_gradients([g for g, _ in pairs], self.gradient_reduction,
+                                           bucket_bytes, ctx.num_replicas_in_sync)
             pairs = list(zip(reduced, (v for _, v in pairs)))
         pairs = self._clip(pairs)
         step = self.iterations.read_value() + np.int64(1)

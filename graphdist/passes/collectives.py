@@ -10,6 +10,9 @@ the strategy's cross-device ops name (`CrossDeviceOps.lowering`, plus its option
 - "host": one fused `host_all_reduce` node for host devices (one parallel pass);
 - "nccl": one `nccl_all_reduce` node between GPUs.
 
+An all_gather (sparse gradients' rows) needs no arithmetic: copies and a concat on each
+device, or one `host_all_gather` node with the "host" lowering.
+
 Each is a plain function `(b, xs, op, devices, **options) -> one Var per device`,
 registered by name, so a new one (MPI across processes) is one more function here.
 Every lowering sums in a fixed order, so the same inputs give the same bits every run, and
@@ -30,7 +33,7 @@ from graphdist.ops import OPS
 from graphdist.ir.builder import Builder
 
 LOWERINGS: dict = {}
-LOGICAL_COLLECTIVES = ("all_reduce", "broadcast")
+LOGICAL_COLLECTIVES = ("all_reduce", "broadcast", "all_gather")
 
 
 def lowering(name: str):
@@ -42,7 +45,8 @@ def lowering(name: str):
 
 
 def lower_collectives(g: Graph, cross_device_ops) -> Graph:
-    """Replace every N-way all_reduce/broadcast node of a replicated graph by its lowering."""
+    """Replace every N-way all_reduce/broadcast/all_gather node of a replicated graph by its
+    lowering."""
     if not any(e.op.name in LOGICAL_COLLECTIVES for e in g.eqns):
         return g
     b = Builder()
@@ -62,6 +66,8 @@ def lower_collectives(g: Graph, cross_device_ops) -> Graph:
         params = dict(eqn.params)
         if eqn.op.name == "all_reduce":
             results = lower_all_reduce(cross_device_ops, b, list(ins), params["op"], devices)
+        elif eqn.op.name == "all_gather":
+            results = all_gather(b, list(ins), devices, cross_device_ops.lowering == "host")
         else:
             results = broadcast(b, list(ins), params["source"], devices)
         b.scope = ""
@@ -84,6 +90,22 @@ def broadcast(b: Builder, xs: list, source: int, devices: tuple) -> list:
     """Every device gets a copy of the source replica's value."""
     src = xs[source]
     return [xs[d] if d == source else copy_to(b, src, dev) for d, dev in enumerate(devices)]
+
+
+def all_gather(b: Builder, xs: list, devices: tuple, host: bool = False) -> list:
+    """Every replica's value on every device, concatenated in replica order. Nothing is
+    added on the way, so one lowering serves every cross-device ops: each device copies the
+    others' values and concatenates (n - 1 copies into each); on host devices with the
+    "host" lowering, one `host_all_gather` node writes every result straight from the
+    sources instead."""
+    if host and len(devices) > 1:
+        outs = tuple(Var(ArrayType((len(xs) * x.ty.shape[0],) + x.ty.shape[1:], x.ty.dtype),
+                         None, dev) for x, dev in zip(xs, devices))
+        b.eqns.append(Eqn(OPS["host_all_gather"], tuple(xs), outs, (), device=devices[0],
+                          scope=b.scope))
+        return list(outs)
+    return [b.add1(OPS["concat"], [copy_to(b, x, dev) for x in xs], dev, axis=0)
+            for dev in devices]
 
 
 def _name_lowering(b: Builder, start: int, results: list, bases: list) -> list:

@@ -107,8 +107,8 @@ def _join_collective(b: Builder, colls, maps, devices, names) -> None:
                              f"on {devices[0]}, {x.ty} on {devices[d]}; reduce per-example "
                              "values first (e.g. strategy.reduce(op, value, axis=0))"
                              + (f"\n  traced at  {first.source}" if first.source else ""))
-    outs = tuple(Var(x.ty, names[d](c.outputs[0]), devices[d])
-                 for d, (x, c) in enumerate(zip(xs, colls)))
+    outs = tuple(Var(c.outputs[0].ty, names[d](c.outputs[0]), devices[d])
+                 for d, c in enumerate(colls))
     b.eqns.append(Eqn(first.op, tuple(xs), outs, first.params, device=devices[0],
                       scope=COLLECTIVES_SCOPE, source=first.source))
     for d, c in enumerate(colls):

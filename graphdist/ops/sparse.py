@@ -1,0 +1,229 @@
+"""Row-sparse values: gather (embedding lookups) and the IndexedSlices its gradient is.
+
+The gradient of `gather(params, indices)` with respect to `params` touches only the rows
+it looked up. Written densely it would be a whole table of zeros per step, all-reduced
+across replicas; as TF's IndexedSlices it is `indices` plus one row per index, and rows
+with the same index add up. autodiff.py keeps it sparse on its way to a variable, the
+strategy all-gathers it (distribute/sparse.py) and the optimizers scatter it.
+
+Shapes are static, so merging duplicate rows (`sum_duplicates`) cannot shrink a value:
+its result keeps the row count, the distinct indices first, then zero rows at index 0.
+Every consumer adds rows (scatter with accumulation), so zero rows change nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdist.errors import ShapeError
+from graphdist.ir.types import ArrayType
+from graphdist.ops.core import Op, Symbolic, bind
+
+
+class IndexedSlices:
+    """A sparse value of `dense_shape`: row `values[i]` at row `indices[i]`; repeated
+    indices add. What `tape.gradient` returns for a variable read through `gd.gather`.
+
+    >>> s = gd.IndexedSlices(np.array([0, 2, 0]), np.ones((3, 2)), (4, 2))
+    >>> np.asarray(s)[0]
+    array([2., 2.])
+    """
+
+    __slots__ = ("indices", "values", "dense_shape")
+
+    def __init__(self, indices, values, dense_shape):
+        self.indices = indices
+        self.values = values
+        self.dense_shape = tuple(int(d) for d in dense_shape)
+        if tuple(np.shape(values))[1:] != self.dense_shape[1:] or \
+                len(np.shape(indices)) != 1 or np.shape(indices)[0] != np.shape(values)[0]:
+            raise ShapeError(f"IndexedSlices: values {tuple(np.shape(values))} must be one row "
+                             f"of {self.dense_shape} per index; indices "
+                             f"{tuple(np.shape(indices))} must be 1-D")
+
+    shape = property(lambda self: self.dense_shape)
+    dtype = property(lambda self: np.dtype(self.values.dtype))
+
+    def __repr__(self) -> str:
+        return (f"IndexedSlices({len(self.indices)} rows of dense shape {self.dense_shape}, "
+                f"{self.dtype})")
+
+    # a pytree node: returned from a gd.function it comes back with numpy children
+    def tree_children(self) -> tuple:
+        return (self.indices, self.values)
+
+    def tree_aux(self):
+        return self.dense_shape
+
+    @classmethod
+    def tree_rebuild(cls, children, aux):
+        return cls(children[0], children[1], aux)
+
+    def __array__(self, dtype=None, copy=None):
+        if isinstance(self.values, Symbolic):
+            raise TypeError("a traced IndexedSlices has no numpy value yet; return it from "
+                            "the gd.function to get its value")
+        dense = densify(self)
+        return dense if dtype is None else dense.astype(dtype)
+
+
+def _check_indices(op_name: str, indices: ArrayType) -> None:
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"{op_name}: indices must be integers, got {indices}")
+
+
+# ---------------------------------------------------------------- gather
+
+gather_p = Op("gather")
+
+
+@gather_p.def_shape
+def _gather_shape(params, indices):
+    _check_indices("gather", indices)
+    if params.ndim == 0:
+        raise ShapeError(f"gather: params must have rank >= 1, got {params}")
+    return ArrayType(indices.shape + params.shape[1:], params.dtype)
+
+
+def check_rows(op_name: str, xp, indices, rows: int) -> None:
+    """Out-of-range indices raise, as TF does on CPU (numpy would wrap negative ones)."""
+    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= rows):
+        bad = (indices < 0) | (indices >= rows)
+        at = tuple(int(k[0]) for k in xp.nonzero(bad))
+        raise IndexError(f"{op_name}: index {int(indices[at])} at {at if len(at) > 1 else at[0]}"
+                         f" of the indices {tuple(indices.shape)} is out of range for "
+                         f"{rows} rows (expected 0 <= index < {rows}; "
+                         f"{int(bad.sum())} out of range)")
+
+
+@gather_p.def_impl
+def _gather_impl(xp, params, indices):
+    check_rows("gather", xp, indices, params.shape[0])
+    return xp.take(params, indices, axis=0)
+
+
+@gather_p.def_vjp
+def _gather_vjp(ct, params, indices):
+    rows = ct if indices.ty.ndim == 1 else _reshape(ct, (-1,) + params.ty.shape[1:])
+    flat = indices if indices.ty.ndim == 1 else _reshape(indices, (-1,))
+    return IndexedSlices(flat, rows, params.ty.shape), None
+
+
+gather_p.def_cost(lambda ins, outs, **_: (0, 2 * outs[0].nbytes + ins[1].nbytes))
+
+# ---------------------------------------------------------------- densify: rows -> table
+
+scatter_rows_p = Op("scatter_rows")   # zeros of `shape` plus each row added at its index
+
+
+@scatter_rows_p.def_shape
+def _scatter_rows_shape(indices, rows, *, shape):
+    _check_indices("scatter_rows", indices)
+    if indices.ndim != 1 or rows.shape != indices.shape + tuple(shape[1:]):
+        raise ShapeError(f"scatter_rows: expected 1-D indices and one row of {tuple(shape)} "
+                         f"per index, got indices:{indices}, rows:{rows}")
+    return ArrayType(tuple(shape), rows.dtype)
+
+
+@scatter_rows_p.def_impl
+def _scatter_rows_impl(xp, indices, rows, *, shape):
+    check_rows("scatter_rows", xp, indices, shape[0])
+    out = xp.zeros(shape, rows.dtype)
+    _add_at(xp, out, indices, rows)
+    return out
+
+
+scatter_rows_p.def_vjp(lambda ct, indices, rows, *, shape: (None, gather(ct, indices)))
+scatter_rows_p.def_cost(lambda ins, outs, **_: (ins[1].size, outs[0].nbytes + 2 * ins[1].nbytes))
+
+
+def _add_at(xp, out, indices, rows) -> None:
+    """out[indices] += rows, repeated indices accumulating (in index order)."""
+    if xp is np:
+        np.add.at(out, indices, rows)
+    else:                                   # CuPy: scatter_add is its add.at
+        import cupyx
+
+        cupyx.scatter_add(out, indices, rows)
+
+
+# ---------------------------------------------------------------- merging duplicate rows
+
+sum_duplicates_p = Op("sum_duplicates", num_outputs=2, differentiable=False)
+
+
+@sum_duplicates_p.def_shape
+def _sum_duplicates_shape(indices, rows):
+    _check_indices("sum_duplicates", indices)
+    if indices.ndim != 1 or rows.ndim < 1 or rows.shape[0] != indices.shape[0]:
+        raise ShapeError(f"sum_duplicates: expected 1-D indices and one row per index, got "
+                         f"indices:{indices}, rows:{rows}")
+    return indices, rows
+
+
+@sum_duplicates_p.def_impl
+def _sum_duplicates_impl(xp, indices, rows):
+    """TF's _deduplicate_indexed_slices at a static size: the distinct indices (sorted),
+    each with the sum of its rows in their order, then zero rows at index 0."""
+    unique, inverse = xp.unique(indices, return_inverse=True)
+    out_rows = xp.zeros_like(rows)
+    _add_at(xp, out_rows, inverse.reshape(-1), rows)
+    out_indices = xp.zeros_like(indices)
+    out_indices[:unique.shape[0]] = unique
+    return out_indices, out_rows
+
+
+sum_duplicates_p.def_cost(lambda ins, outs, **_: (ins[1].size, 2 * sum(t.nbytes for t in ins)))
+
+# ---------------------------------------------------------------- public functions
+
+
+def _reshape(x, shape):
+    from graphdist.ops.array import reshape
+
+    return reshape(x, shape)
+
+
+def gather(params, indices, axis=0):
+    """Rows (or slices along `axis`) of `params` at `indices`: shape
+    params.shape[:axis] + indices.shape + params.shape[axis+1:], as tf.gather. With respect
+    to params (axis 0) the gradient is an IndexedSlices: one row per index.
+
+    >>> gd.gather(np.arange(6.0).reshape(3, 2), np.array([2, 0]))
+    array([[4., 5.],
+           [0., 1.]])
+    """
+    from graphdist.ops.array import transpose
+    from graphdist.ops.core import normalize_axis
+
+    rank = len(np.shape(params))
+    (axis,) = normalize_axis("gather", int(axis), max(rank, 1), np.shape(params))
+    if axis == 0:
+        return bind(gather_p, params, indices)
+    front = transpose(params, (axis,) + tuple(d for d in range(rank) if d != axis))
+    out = bind(gather_p, front, indices)
+    k = len(np.shape(indices))            # out: indices dims, then params' dims but `axis`
+    rest = list(range(k, k + rank - 1))
+    return transpose(out, tuple(rest[:axis]) + tuple(range(k)) + tuple(rest[axis:]))
+
+
+def densify(value):
+    """An IndexedSlices as the dense tensor it stands for (anything else unchanged)."""
+    if not isinstance(value, IndexedSlices):
+        return value
+    return bind(scatter_rows_p, value.indices, value.values, shape=value.dense_shape)
+
+
+def sum_duplicates(value: IndexedSlices) -> IndexedSlices:
+    """The same sparse value with each index once (rows summed), padded with zero rows."""
+    indices, rows = bind(sum_duplicates_p, value.indices, value.values)
+    return IndexedSlices(indices, rows, value.dense_shape)
+
+
+def concat_slices(a: IndexedSlices, b: IndexedSlices) -> IndexedSlices:
+    """a + b for two sparse values: their rows side by side (duplicates add later)."""
+    from graphdist.ops.array import cast, concat
+
+    idx_dtype = np.promote_types(a.indices.dtype, b.indices.dtype)
+    return IndexedSlices(concat([cast(a.indices, idx_dtype), cast(b.indices, idx_dtype)]),
+                         concat([a.values, b.values]), a.dense_shape)
