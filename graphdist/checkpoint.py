@@ -1,8 +1,11 @@
 """gd.Checkpoint: save and restore Variables, optimizers and objects holding them.
 
 One `.npz` file per checkpoint (numpy arrays, no pickle) with a JSON `__meta__` entry.
-Entries are keyed by object path (`model/dense1/w`, `opt/iterations`, and slots by the
-path of their variable: `opt/slots/model/dense1/w/m`). Restore validates everything first.
+Entries are keyed by object path (`model/dense1/w`, `opt/iterations`, `opt/hyper/learning_rate`,
+and slots by the path of their variable: `opt/slots/model/dense1/w/m`). Restore validates
+everything first.
+bfloat16 (an ml_dtypes type the .npy format cannot name) is stored as its uint16 bits, the
+entry's metadata naming both ("dtype": "bfloat16", "bits": "uint16").
 An object with a `_checkpoint_children()` method (gd.nn layers) lists its own (key, child) pairs.
 """
 
@@ -21,10 +24,12 @@ import zipfile
 import numpy as np
 
 from graphdist.errors import CheckpointError, TraceError
+from graphdist.ir.types import as_dtype
 from graphdist.ops.core import current_tracer
 from graphdist.variables import Variable
 
 FORMAT, VERSION, META = "graphdist.checkpoint", 1, "__meta__"
+_BITS = {"bfloat16": "uint16"}     # dtypes stored as raw bits: the .npy header cannot name them
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), np.ndarray, np.generic, type,
            types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
 
@@ -111,6 +116,8 @@ class Checkpoint:
         variables, slots = dict(plain), {}
         for p, opt in optimizers.items():
             variables[f"{p}/iterations"] = opt.iterations
+            for name, var in getattr(opt, "_hyper", {}).items():   # learning_rate, beta_1...
+                variables[f"{p}/hyper/{_escape(name)}"] = var
             for (var, name), slot in opt._slots.items():
                 if id(var) in path_of:   # as in TF: slots of untracked variables are not saved
                     key = f"{p}/slots/{path_of[id(var)]}/{_escape(name)}"
@@ -132,6 +139,9 @@ class Checkpoint:
                             "synchronization": var.synchronization.value,
                             "aggregation": var.aggregation.value,
                             "components": len(var.values)}
+            if value.dtype.name in _BITS:
+                arrays[key] = value.view(_BITS[value.dtype.name])
+                entries[key]["bits"] = _BITS[value.dtype.name]
         meta = json.dumps({"format": FORMAT, "version": VERSION, "entries": entries})
         arrays[META] = np.frombuffer(meta.encode(), np.uint8)
         _write_atomically(os.fspath(path), arrays)
@@ -155,10 +165,14 @@ class Checkpoint:
                                       f"{_describe(shape, dtype)}, the file has "
                                       f"{_describe(got.shape, got.dtype)}")
 
+        hyper = {f"{p}/hyper/{_escape(name)}" for p, opt in optimizers.items()
+                 for name in getattr(opt, "_hyper", {})}
         for key, var in variables.items():
             if key not in arrays:
                 if key in slots:           # saved before the slot existed: zeros
                     plan.append((var, [np.zeros(var.shape, var.dtype)] * len(var.values)))
+                    continue
+                if key in hyper:           # saved before hyper-parameters were state: keep
                     continue
                 raise CheckpointError(f"{path}: tracked variable '{key}' ({var.name!r}, "
                                       f"{_describe(var.shape, var.dtype)}) is absent from the "
@@ -302,6 +316,12 @@ def _read(path: str) -> dict:
                               f"reads ({VERSION}); upgrade graphdist")
     for key, entry in entries.items():
         got = members.get(key)
+        if got is not None and entry.get("bits") is not None:   # bfloat16 kept as its bits
+            if got.dtype.name != entry["bits"] or entry.get("dtype") not in _BITS:
+                raise CheckpointError(f"{path}: corrupt entry '{key}': the metadata says "
+                                      f"{entry.get('dtype')} stored as {entry['bits']}, the "
+                                      f"data is {got.dtype.name}")
+            members[key] = got = got.view(as_dtype(entry["dtype"]))
         if got is None or got.shape != tuple(entry["shape"]) or got.dtype.name != entry["dtype"]:
             found = "missing" if got is None else _describe(got.shape, got.dtype)
             raise CheckpointError(f"{path}: corrupt entry '{key}': the metadata says "

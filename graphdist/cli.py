@@ -12,24 +12,34 @@ def _demo(args) -> int:
     import numpy as np
 
     import graphdist as gd
-    from graphdist.examples import cnn_digits, mlp_digits
+    from graphdist.examples import cnn_digits, gpt_chars, mlp_digits
     from graphdist.progress import ProgressBar
 
     kind = "gpu" if args.gpu else "cpu"
     if kind == "gpu" and not gd.devices("gpu"):
         print("graphdist demo --gpu: no GPU here (needs CuPy and a CUDA device)")
         return 1
-    example, what = {"mlp": (mlp_digits, "a 64-128-10 MLP"),
+    example, what = {"mlp": (mlp_digits, "a 64-128-10 MLP on the UCI digits"),
                      "cnn": (cnn_digits, "a CNN (conv 32, pool, conv 64, pool, dense 64, "
-                                         "dense 10)")}[args.model]
-    print(f"graphdist demo: {what} on the UCI digits, {args.devices} {kind} device(s), "
-          f"{args.steps} steps")
+                                         "dense 10) on the UCI digits"),
+                     "gpt": (gpt_chars, "a character-level GPT (2 layers, 4 heads, width "
+                                        "128, context 64) on Python's reference docs")
+                     }[args.model]
+    print(f"graphdist demo: {what}, {args.devices} {kind} device(s), {args.steps} steps")
     bar = ProgressBar(args.steps)
     result = example.train(args.devices, args.steps, kind=kind,
                            on_step=lambda i, n, loss: bar.update(i, f"loss {loss:.4f}"))
-    print(f"final loss {result['loss']:.4f}   held-out accuracy {result['accuracy']:.1%}")
+    if args.model == "gpt":
+        print(f"final loss {result['loss']:.4f}   held-out loss "
+              f"{result['held_out_loss']:.3f} nats/char (bigram baseline "
+              f"{result['bigram_loss']:.3f})")
+        print("sampled: " + repr(gpt_chars.sample(result["model"], result["data"], "The ",
+                                                  length=120)))
+    else:
+        print(f"final loss {result['loss']:.4f}   held-out accuracy {result['accuracy']:.1%}")
     if args.devices > 1:
-        reference = example.train(1, args.steps, kind=kind)
+        reference = example.train(1, args.steps, kind=kind, **(
+            {"evaluate": False} if args.model == "gpt" else {}))
         diff = max(float(np.max(np.abs(a - b))) for a, b in
                    zip(result["params"], reference["params"]))
         print(f"max |parameter difference| vs one device: {diff:.2e}")
@@ -171,9 +181,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="graphdist", description="compiled graph capture "
                                      "for synchronous data-parallel training")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a bundled digits model end to end")
-    demo.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
-                      help="the MLP (default) or the tutorial-shaped CNN")
+    demo = sub.add_parser("demo", help="train a bundled model end to end")
+    demo.add_argument("--model", choices=("mlp", "cnn", "gpt"), default="mlp",
+                      help="the digits MLP (default), the tutorial-shaped digits CNN, or a "
+                           "character-level GPT on Python's documentation")
     demo.add_argument("--devices", type=_positive, default=1,
                       help="logical devices (replicas); CPU devices unless --gpu")
     demo.add_argument("--gpu", action="store_true",

@@ -19,7 +19,9 @@ def explain_retraces(enabled: bool = True) -> None:
 
 
 def set_fused_kernels(enabled: bool) -> None:
-    """Run optimizer updates as fused multi-tensor kernels (True) or as numpy ops (False)."""
+    """Run optimizer updates as fused multi-tensor kernels and the ops with a listed kernel
+    (layer_norm, gelu, relu_grad, max_pool2d...) as their Numba kernels (True), or all of
+    them as numpy ops (False)."""
     _state["fused_kernels"] = bool(enabled)
 
 
@@ -73,3 +75,26 @@ def set_device_concurrency(mode: str) -> None:
 
 def device_concurrency() -> str:
     return _state["device_concurrency"]
+
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+_state["precision"] = "float32"
+
+
+def set_precision(policy: str) -> None:
+    """The global dtype policy (Keras's set_global_policy) of the gd.nn layers made afterwards
+    without a `dtype=`: "float32", or "mixed_bfloat16" / "mixed_float16": float32 variables
+    (master weights, and so float32 optimizer slots), computation in the low precision with
+    float32 accumulation. With "mixed_float16" wrap the optimizer in
+    gd.optimizers.LossScaleOptimizer. gd.function keys its traces on the policy.
+
+    >>> gd.config.set_precision("mixed_bfloat16")
+    """
+    if policy not in PRECISIONS:
+        raise ValueError(f"set_precision: policy must be one of {PRECISIONS}, got {policy!r}")
+    _state["precision"] = policy
+
+
+def precision() -> str:
+    """The global dtype policy's name (set_precision)."""
+    return _state["precision"]

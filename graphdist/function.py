@@ -187,7 +187,8 @@ class Function:
         specs = tuple(_leaf_spec(leaf, self._path_name(p)) for leaf, p in zip(leaves, paths))
         leaves = [np.asarray(leaf) if specs[i][0] == "array" and not is_device_array(leaf)
                   else leaf for i, leaf in enumerate(leaves)]
-        return leaves, (tree, specs, config.fused_kernels())
+        # settings that change what a trace emits are part of its key
+        return leaves, (tree, specs, config.fused_kernels(), config.precision())
 
     def _path_name(self, path: str) -> str:
         # "[0][1][2]" -> "batch[2]" using the function's parameter names
@@ -205,12 +206,14 @@ class Function:
     def _explain(self, key) -> None:
         if not config._state["explain_retraces"] or self._last is None:
             return
-        old_tree, old_specs, old_fused = self._last
-        tree, specs, fused = key
+        old_tree, old_specs, old_fused, old_precision = self._last
+        tree, specs, fused, precision = key
         if old_tree != tree:
             what = "the structure of the arguments changed"
         elif old_fused != fused:
             what = f"fused kernels: {old_fused} -> {fused}"
+        elif old_precision != precision:
+            what = f"precision: {old_precision} -> {precision}"
         else:
             _, paths, _ = flatten(unflatten(tree, list(range(len(specs)))))
             changes = [f"{self._path_name(p)}: {_spec_text(a)} -> {_spec_text(b)}"
@@ -245,7 +248,7 @@ class Function:
         from graphdist import pipeline
         from graphdist.distribute.context import get_strategy
 
-        tree, specs, _ = key
+        tree, specs = key[:2]
         index_tree = unflatten(tree, list(range(len(leaves))))
         n_args = _replica_count(index_tree)
         if n_args:

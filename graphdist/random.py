@@ -20,7 +20,7 @@ import numpy as np
 
 from graphdist.distribute.context import get_replica_context, get_strategy
 from graphdist.errors import TraceError
-from graphdist.ir.types import as_dtype
+from graphdist.ir.types import as_dtype, is_float
 from graphdist.ops import random as ops
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.ops.math import add, divide, greater_equal, multiply, where
@@ -44,7 +44,7 @@ def _key(seed) -> np.ndarray:
 
 def _float_dtype(method: str, dtype) -> np.dtype:
     dtype = as_dtype(dtype)
-    if dtype.kind != "f":
+    if not is_float(dtype):
         raise TypeError(f"{method}: dtype must be a float dtype, got {dtype}")
     return dtype
 
@@ -202,7 +202,7 @@ def dropout(x, rate, noise_shape=None, seed=None, generator=None):
     if seed is not None and generator is not None:
         raise ValueError("dropout: pass seed or generator, not both")
     dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
-    if dtype.kind != "f":
+    if not is_float(dtype):
         raise TypeError(f"dropout: x must be a float tensor, got {dtype}")
     if float(rate) == 0:
         return x

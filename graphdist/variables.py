@@ -6,7 +6,9 @@ read_var/assign_var eqns on the variable's state (see graphdist/ops/state.py).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 
 import numpy as np
 
@@ -15,9 +17,9 @@ from graphdist.distribute.values import (PerReplica, VariableAggregation,
                                          VariableSynchronization)
 from graphdist.errors import TraceError
 from graphdist.ir import StateRef
-from graphdist.ir.types import DEFAULT_FLOAT, as_dtype
+from graphdist.ir.types import DEFAULT_FLOAT, as_dtype, is_float
 from graphdist.ops.core import Symbolic, current_tracer
-from graphdist.ops.math import add, subtract
+from graphdist.ops.math import add, subtract, where
 from graphdist.ops.operators import Operators
 from graphdist.device.backends import backend_for, host_value
 
@@ -38,6 +40,27 @@ def _initial_array(initial_value, dtype) -> np.ndarray:
     value = np.array(host_value(initial_value), dtype=None if dtype is None else as_dtype(dtype))
     as_dtype(value.dtype)
     return value
+
+
+class _Conditions(threading.local):
+    def __init__(self):
+        self.stack: list = []
+
+
+_conditions = _Conditions()
+
+
+@contextlib.contextmanager
+def assign_synced_if(condition):
+    """In traced code inside this block, every `assign_synced` (the optimizers' updates)
+    stores where(condition, new value, current value): `condition`, a bool scalar every
+    replica agrees on, decides whether the update happens. LossScaleOptimizer skips the
+    steps whose gradients overflowed with it."""
+    _conditions.stack.append(condition)
+    try:
+        yield
+    finally:
+        _conditions.stack.pop()
 
 
 def _python_scalars(x) -> bool:
@@ -78,7 +101,7 @@ class Variable(Operators, Symbolic):
             raise ValueError(f"Variable {name!r}: synchronization=NONE is not supported under "
                              f"{type(strategy).__name__}; use AUTO, ON_WRITE or ON_READ")
         if (self._aggregation is VariableAggregation.MEAN and len(self._devices) > 1
-                and value.dtype.kind != "f"):
+                and not is_float(value.dtype)):
             raise TypeError(f"Variable {name!r}: aggregation MEAN needs a float dtype, got "
                             f"{value.dtype}; use SUM or ONLY_FIRST_REPLICA, or a float variable")
         if self._sync is VariableSynchronization.ON_READ:
@@ -196,7 +219,11 @@ class Variable(Operators, Symbolic):
     def assign_synced(self, value):
         """Assign a value every replica already agrees on (optimizer updates): no collective."""
         tracer = current_tracer()
-        return tracer.assign(self, value) if tracer is not None else self.assign(value)
+        if tracer is None:
+            return self.assign(value)
+        if _conditions.stack:                   # inside assign_synced_if: maybe keep the old
+            value = where(_conditions.stack[-1], value, sync.read(tracer, self))
+        return tracer.assign(self, value)
 
     def components_for(self, new: np.ndarray) -> list:
         """What each component holds after a cross-replica write of `new`."""

@@ -1,5 +1,6 @@
 """Adam and AdamW (TF epsilon placement) as fused kernels. Callers pass the bias-corrected
-lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t), and AdamW's decoupled decay as weight_decay_lr = lr * wd.
+lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t), and AdamW's decoupled decay as weight_decay_lr = lr * wd;
+the GPU kernels also take them as the float64 device vector a compiled step makes (`hyper`).
 
 Multi-tensor form. CPU: one njit(parallel) call takes typed Lists of flat views and pranges over
 a (tensor, start, stop) table of 64K-element chunks, so tiny and huge tensors share the threads.
@@ -23,19 +24,20 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from .common import (
-    threads_for,
-    readable,
-    readables,
-    tensor_group,
     CHUNK,
     check_sizes,
     chunk_table,
+    device_hyper,
     device_view,
     flat,
     gpu_groups,
     grid,
     multi_grid,
+    readable,
+    readables,
     same_dtype,
+    tensor_group,
+    threads_for,
 )
 
 
@@ -179,53 +181,54 @@ def adamw_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight
     adam_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
 
 
-# lr_t comes as a 1-element device array: inside a compiled step it is computed on the
-# device from the iteration count, and reading it on the host would stall the stream
+# The CUDA kernels read the hyper-parameters from a float64 device vector [lr_t, beta_1,
+# beta_2, epsilon] or [..., weight_decay_lr]: a compiled step computes it on the device from
+# the iteration count and the optimizer's variables, and reading it on the host would stall
+# the stream. Each thread rounds them to the parameters' dtype as _scalars does on the host.
+def _gpu_hyper(p, hyper):
+    dt = p.dtype.type
+    beta_1, beta_2 = hyper[1], hyper[2]
+    weight_decay_lr = hyper[4] if hyper.shape[0] > 4 else 0.0
+    return (dt(hyper[0]), dt(beta_1), dt(1.0 - beta_1), dt(beta_2), dt(1.0 - beta_2),
+            dt(hyper[3]), dt(weight_decay_lr))
+
+
+_adam_gpu_hyper = cuda.jit(device=True)(_gpu_hyper)
+
+
+def _device_hyper(hyper, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
+    if hyper is None:          # host numbers: one small copy to the device per call
+        if lr_t is None:
+            raise TypeError("adam_gpu: pass lr_t (a number) or hyper (a device vector)")
+        hyper = [lr_t, beta_1, beta_2, epsilon, weight_decay_lr]
+    return device_hyper(hyper, (4, 5))
+
+
 @cuda.jit(cache=True)
-def _adam_kernel(p, g, m, v, lr_t, b1, c1, b2, c2, eps, wd):  # p, g, m, v: (n,); lr_t: (1,)
+def _adam_kernel(p, g, m, v, hyper):  # p, g, m, v: (n,); hyper: (4,) or (5,) float64
     i = cuda.grid(1)
     if i < p.shape[0]:
-        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr_t[0], b1, c1, b2, c2, eps,
-                                          wd)
+        lr_t, b1, c1, b2, c2, eps, wd = _adam_gpu_hyper(p, hyper)
+        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
 
 
-def _device_lr(lr_t, dtype):
-    """lr_t as a 1-element device array: a host number or array is copied over (one small
-    transfer per call), a device array (0-d or 1-element) is used where it lies."""
-    if isinstance(lr_t, (int, float, np.number, np.ndarray)):
-        return cuda.to_device(np.full(1, lr_t, dtype))
-    view = device_view(lr_t)
-    if view.shape != (1,):
-        raise ValueError(f"adam_gpu: lr_t must be a number or a 1-element array, got shape "
-                         f"{view.shape}")
-    return view
+def adam_gpu(p, g, m, v, lr_t=None, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay_lr=0.0,
+             stream=0, hyper=None) -> None:
+    """Launch the update of one device buffer on `stream` (a numba stream or 0); no sync.
+    `hyper`, the float64 device vector a compiled step makes ([lr_t, beta_1, beta_2, epsilon]
+    or [..., weight_decay_lr]), replaces the numbers.
 
-
-def _adam_launch(p, g, m, v, scalars, stream):
-    same_dtype("adam_gpu", scalars[1], p, g, m, v)
+    >>> adam_gpu(p, g, m, v, lr_t, 0.9, 0.999, 1e-7)  # device arrays  # doctest: +SKIP
+    """
+    hyper = _device_hyper(hyper, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    same_dtype("adam_gpu", p, g, m, v)
     p, g, m, v = (device_view(x) for x in (p, g, m, v))
     if not (p.shape == g.shape == m.shape == v.shape):
         raise ValueError(
             f"adam: p, g, m and v differ in size: {p.shape}, {g.shape}, {m.shape}, {v.shape}"
         )
     if p.shape[0]:
-        _adam_kernel[grid(p.shape[0]) + (stream,)](p, g, m, v, *scalars)
-
-
-def _gpu_scalars(dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
-    scalars = _scalars(dtype, 0.0, beta_1, beta_2, epsilon, weight_decay_lr)
-    return (_device_lr(lr_t, dtype),) + scalars[1:]
-
-
-def adam_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0, stream=0) -> None:
-    """Launch the update of one device buffer on `stream` (a numba stream or 0); no sync.
-    lr_t may be a number or a 1-element device array.
-
-    >>> adam_gpu(p, g, m, v, lr_t, 0.9, 0.999, 1e-7)  # device arrays  # doctest: +SKIP
-    """
-    _adam_launch(
-        p, g, m, v, _gpu_scalars(p.dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr), stream
-    )
+        _adam_kernel[grid(p.shape[0]) + (stream,)](p, g, m, v, hyper)
 
 
 def adamw_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream=0) -> None:
@@ -237,12 +240,12 @@ def adamw_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream
 
 
 @cuda.jit(cache=True)
-def _adam_multi_kernel(ps, gs, ms, vs, lr_t, b1, c1, b2, c2, eps, wd):  # tuples of (n_t,)
+def _adam_multi_kernel(ps, gs, ms, vs, hyper):  # tuples of (n_t,); hyper: float64
     t = cuda.blockIdx.y                      # this block row's tensor
     p, g, m, v = ps[t], gs[t], ms[t], vs[t]
-    lr = lr_t[0]
+    lr_t, b1, c1, b2, c2, eps, wd = _adam_gpu_hyper(p, hyper)
     for i in range(cuda.grid(1), p.shape[0], cuda.gridDim.x * cuda.blockDim.x):
-        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr, b1, c1, b2, c2, eps, wd)
+        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
 
 
 def adam_multi_gpu(
@@ -250,26 +253,27 @@ def adam_multi_gpu(
     grads: Sequence,
     ms: Sequence,
     vs: Sequence,
-    lr_t,
-    beta_1,
-    beta_2,
-    epsilon,
+    lr_t=None,
+    beta_1=0.9,
+    beta_2=0.999,
+    epsilon=1e-7,
     weight_decay_lr=0.0,
     stream=0,
+    hyper=None,
 ) -> None:
     """adam_gpu over every tensor of a device: one launch per 16 tensors, all on `stream`
-    (each block row of the grid updates one tensor).
+    (each block row of the grid updates one tensor); `hyper` as for adam_gpu.
 
     >>> adam_multi_gpu(ps, gs, ms, vs, lr_t, 0.9, 0.999, 1e-7)  # doctest: +SKIP
     """
     if len(params) == 0:
         return
     same_dtype("adam_multi_gpu", *params, *grads, *ms, *vs)
-    scalars = _gpu_scalars(params[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    hyper = _device_hyper(hyper, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
     for (p, g, m, v), largest in gpu_groups(params, grads, ms, vs):
         if largest:
             blocks, threads = multi_grid(largest, len(p))
-            _adam_multi_kernel[blocks, threads, stream](p, g, m, v, *scalars)
+            _adam_multi_kernel[blocks, threads, stream](p, g, m, v, hyper)
 
 
 def adamw_multi_gpu(

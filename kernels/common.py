@@ -135,6 +135,20 @@ def device_view(x):
     return x if x.ndim == 1 else x.reshape(x.size)
 
 
+def device_hyper(hyper, sizes: tuple):
+    """An update's float64 hyper-parameter vector as a 1-D device view: a device array (as a
+    compiled step makes it) where it lies, host numbers copied over (one small transfer).
+    Under the simulator numpy arrays are device arrays, and pass through."""
+    if isinstance(hyper, (list, tuple, np.generic)) or (
+            isinstance(hyper, np.ndarray) and not config.ENABLE_CUDASIM):
+        hyper = cuda.to_device(np.asarray(hyper, np.float64).reshape(-1))
+    view = device_view(hyper)
+    if view.dtype != np.float64 or view.ndim != 1 or view.shape[0] not in sizes:
+        raise ValueError(f"kernel: expected {' or '.join(map(str, sizes))} float64 "
+                         f"hyper-parameters, got {view.dtype} {view.shape}")
+    return view
+
+
 # tensors per multi-tensor CUDA launch: every array argument costs 7 kernel parameters, and
 # 4 lists x 16 arrays stay under the 4 KiB parameter limit of CUDA before 12.1
 GPU_GROUP = 16

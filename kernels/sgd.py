@@ -12,19 +12,20 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from .common import (
-    threads_for,
-    readable,
-    readables,
-    tensor_group,
     CHUNK,
     check_sizes,
     chunk_table,
+    device_hyper,
     device_view,
     flat,
     gpu_groups,
     grid,
     multi_grid,
+    readable,
+    readables,
     same_dtype,
+    tensor_group,
+    threads_for,
 )
 
 
@@ -135,47 +136,72 @@ def sgd_multi_cpu(
         _sgd_multi(ps, gs, ms, *scalars, bool(nesterov))
 
 
+# The CUDA kernels read the hyper-parameters from a float64 device vector, [lr, weight_decay]
+# or [lr, momentum, weight_decay] with a momentum buffer: a compiled step computes it on the
+# device, and reading it on the host would stall the stream. Each thread rounds them to the
+# parameters' dtype as _scalars does on the host (cvt.rn), so both give the same numbers.
+def _gpu_hyper(p, hyper, has_m):
+    dt = p.dtype.type
+    if has_m:
+        return dt(hyper[0]), dt(hyper[1]), dt(hyper[2])
+    return dt(hyper[0]), dt(0.0), dt(hyper[1])
+
+
+_sgd_gpu_hyper = cuda.jit(device=True)(_gpu_hyper)
+
+
+def _host_hyper(lr, momentum, weight_decay, m) -> list:
+    if lr is None:
+        raise TypeError("sgd_gpu: pass lr (a number) or hyper (a device vector)")
+    if momentum and m is None:
+        raise ValueError("sgd: momentum != 0 needs a momentum buffer m, got None")
+    return [lr, weight_decay] if m is None else [lr, momentum, weight_decay]
+
+
 @cuda.jit(cache=True)
-def _sgd_kernel(p, g, m, lr, momentum, weight_decay, nesterov):  # p, g, m: (n,)
+def _sgd_kernel(p, g, m, hyper, has_m, nesterov):  # p, g, m: (n,); hyper: (2,) or (3,) f64
     i = cuda.grid(1)
     if i < p.shape[0]:
+        lr, momentum, weight_decay = _sgd_gpu_hyper(p, hyper, has_m)
         pi, mi = _sgd_gpu_math(p[i], g[i], m[i], lr, momentum, weight_decay, nesterov)
         p[i] = pi
         if momentum != 0:
             m[i] = mi
 
 
-def _sgd_launch(p, g, m, scalars, nesterov, stream):
-    same_dtype("sgd_gpu", scalars[0], p, g, m)
-    p, g = device_view(p), device_view(g)
-    m = p if m is None else device_view(m)
-    if not (p.shape == g.shape == m.shape):
-        raise ValueError(f"sgd: p, g and m differ in size: {p.shape}, {g.shape}, {m.shape}")
-    if p.shape[0]:
-        _sgd_kernel[grid(p.shape[0]) + (stream,)](p, g, m, *scalars, nesterov)
-
-
-def sgd_gpu(p, g, m, lr, momentum=0.0, nesterov=False, weight_decay=0.0, stream=0) -> None:
+def sgd_gpu(p, g, m, lr=None, momentum=0.0, nesterov=False, weight_decay=0.0, stream=0,
+            hyper=None) -> None:
     """Launch the update of one device buffer on `stream` (a numba stream or 0); no sync.
+    `hyper`, the float64 device vector a compiled step makes ([lr, weight_decay], or
+    [lr, momentum, weight_decay] when m is given), replaces the numbers.
 
     >>> sgd_gpu(p, g, None, lr=0.1)  # p, g: device arrays  # doctest: +SKIP
     """
-    scalars = _scalars(p.dtype, lr, momentum, weight_decay, m)
-    _sgd_launch(p, g, m, scalars, bool(nesterov), stream)
+    has_m = m is not None
+    values = None if hyper is not None else _host_hyper(lr, momentum, weight_decay, m)
+    hyper = device_hyper(values if hyper is None else hyper, (3,) if has_m else (2,))
+    same_dtype("sgd_gpu", p, g, m)
+    p, g = device_view(p), device_view(g)
+    m = device_view(m) if has_m else p
+    if not (p.shape == g.shape == m.shape):
+        raise ValueError(f"sgd: p, g and m differ in size: {p.shape}, {g.shape}, {m.shape}")
+    if p.shape[0]:
+        _sgd_kernel[grid(p.shape[0]) + (stream,)](p, g, m, hyper, has_m, bool(nesterov))
 
 
 def sgd_multi_gpu(
     params: Sequence,
     grads: Sequence,
     ms: Sequence | None,
-    lr,
+    lr=None,
     momentum=0.0,
     nesterov=False,
     weight_decay=0.0,
     stream=0,
+    hyper=None,
 ) -> None:
     """sgd_gpu over every tensor of a device: one launch per 16 tensors, all on `stream`
-    (each block row of the grid updates one tensor).
+    (each block row of the grid updates one tensor); `hyper` as for sgd_gpu.
 
     >>> sgd_multi_gpu([p], [g], [m], lr=0.1, momentum=0.9)  # doctest: +SKIP
     """
@@ -184,17 +210,20 @@ def sgd_multi_gpu(
     if len(grads) != len(params) or (ms is not None and len(ms) != len(params)):
         raise ValueError("sgd_multi_gpu: the tensor lists differ in length")
     same_dtype("sgd_multi_gpu", *params, *grads, *(ms or ()))
-    scalars = _scalars(params[0].dtype, lr, momentum, weight_decay, ms)
-    for (p, g, m), largest in gpu_groups(params, grads, params if ms is None else ms):
+    has_m = ms is not None
+    values = None if hyper is not None else _host_hyper(lr, momentum, weight_decay, ms)
+    hyper = device_hyper(values if hyper is None else hyper, (3,) if has_m else (2,))
+    for (p, g, m), largest in gpu_groups(params, grads, ms if has_m else params):
         if largest:
             blocks, threads = multi_grid(largest, len(p))
-            _sgd_multi_kernel[blocks, threads, stream](p, g, m, *scalars, bool(nesterov))
+            _sgd_multi_kernel[blocks, threads, stream](p, g, m, hyper, has_m, bool(nesterov))
 
 
 @cuda.jit(cache=True)
-def _sgd_multi_kernel(ps, gs, ms, lr, momentum, weight_decay, nesterov):  # tuples of (n_t,)
+def _sgd_multi_kernel(ps, gs, ms, hyper, has_m, nesterov):  # tuples of (n_t,); hyper: f64
     t = cuda.blockIdx.y                      # this block row's tensor
     p, g, m = ps[t], gs[t], ms[t]
+    lr, momentum, weight_decay = _sgd_gpu_hyper(p, hyper, has_m)
     for i in range(cuda.grid(1), p.shape[0], cuda.gridDim.x * cuda.blockDim.x):
         pi, mi = _sgd_gpu_math(p[i], g[i], m[i], lr, momentum, weight_decay, nesterov)
         p[i] = pi

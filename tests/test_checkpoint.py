@@ -84,8 +84,9 @@ def test_object_paths_and_file_format(tmp_path):
         meta = json.loads(f["__meta__"].tobytes())
     weights = {f"model/dense{i}/{n}" for i in (1, 2) for n in ("w", "b")}
     slots = {f"opt/slots/{w}/{s}" for w in weights for s in ("m", "v")}
-    assert keys == weights | slots | {"model/extras/0", "opt/iterations", "more/a%2Fb/v",
-                                      "__meta__"}
+    hyper = {f"opt/hyper/{h}" for h in ("learning_rate", "beta_1", "beta_2", "epsilon")}
+    assert keys == weights | slots | hyper | {"model/extras/0", "opt/iterations",
+                                              "more/a%2Fb/v", "__meta__"}
     assert meta["version"] == 1
     assert meta["entries"]["model/dense1/w"] == {
         "shape": [3, 4], "dtype": "float32", "synchronization": "auto", "aggregation": "none",
@@ -150,9 +151,53 @@ def test_slots_of_untracked_variables_are_not_saved(tmp_path):
     opt.apply_gradients([(np.ones(2, np.float32), w)])
     path = Checkpoint(opt=opt).save(tmp_path / "c.npz")
     with np.load(path) as f:
-        assert set(f.files) == {"opt/iterations", "__meta__"}
+        assert set(f.files) == {"opt/iterations", "__meta__", "opt/hyper/learning_rate",
+                                "opt/hyper/momentum", "opt/hyper/weight_decay"}
     Checkpoint(opt=opt).restore(path)
     assert int(opt.iterations.numpy()) == 1
+
+
+def test_hyperparameters_are_saved_and_restored_into_a_compiled_step(tmp_path):
+    w = gd.Variable(np.zeros(2))
+    opt = gd.optimizers.SGD(0.1, momentum=0.9)
+    opt.learning_rate, opt.momentum = 0.05, 0.5
+    path = Checkpoint(w=w, opt=opt).save(tmp_path / "c.npz")
+    w2 = gd.Variable(np.zeros(2))
+    fresh = gd.optimizers.SGD(0.1, momentum=0.9)
+    step = gd.function(lambda: fresh.apply_gradients([(gd.ones_like(w2), w2)]))
+    step()                                                 # traced with lr 0.1, momentum 0.9
+    Checkpoint(w=w2, opt=fresh).restore(path)              # w 0, iterations 0, the slot 0
+    assert float(fresh.learning_rate.numpy()) == 0.05 and float(fresh.momentum.numpy()) == 0.5
+    step()
+    np.testing.assert_allclose(fresh.slot(w2, "momentum").numpy(), [1.0, 1.0])
+    np.testing.assert_allclose(w2.numpy(), [-0.05, -0.05])     # lr 0.05 (0.1 would be -0.1)
+    step()                                                 # m = 0.5 * 1 + 1 (0.9 gives 1.9)
+    np.testing.assert_allclose(w2.numpy(), [-0.05 - 0.05 * 1.5] * 2)
+    assert step.trace_count == 1
+
+
+def test_a_checkpoint_from_before_hyperparameter_state_keeps_constructor_values(tmp_path):
+    from graphdist.checkpoint import META, _write_atomically
+
+    w = gd.Variable(np.ones(2))
+    opt = gd.optimizers.Adam(0.01)
+    opt.apply_gradients([(np.ones(2), w)])
+    path = Checkpoint(w=w, opt=opt).save(tmp_path / "new.npz")
+    with np.load(path) as f:                               # the same file, minus opt/hyper/*
+        arrays = {k: f[k] for k in f.files if not k.startswith("opt/hyper/")}
+    meta = json.loads(arrays[META].tobytes())
+    meta["entries"] = {k: e for k, e in meta["entries"].items() if "/hyper/" not in k}
+    arrays[META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    old = str(tmp_path / "old.npz")
+    _write_atomically(old, arrays)
+    w2 = gd.Variable(np.zeros(2))
+    opt2 = gd.optimizers.Adam(0.002, beta_1=0.5)
+    Checkpoint(w=w2, opt=opt2).restore(old)
+    np.testing.assert_array_equal(w2.numpy(), w.numpy())
+    assert int(opt2.iterations.numpy()) == 1
+    assert float(opt2.learning_rate.numpy()) == 0.002 and float(opt2.beta_1.numpy()) == 0.5
+    Checkpoint(w=w2, opt=opt2).restore(path)               # a new file brings them along
+    assert float(opt2.learning_rate.numpy()) == 0.01 and float(opt2.beta_1.numpy()) == 0.9
 
 
 def test_entries_nothing_tracks_are_ignored(tmp_path):

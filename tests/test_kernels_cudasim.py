@@ -55,17 +55,22 @@ def test_cuda_kernels_compile_to_ptx(monkeypatch):
         "get_current_device",
         lambda: types.SimpleNamespace(compute_capability=(8, 0)),
     )
+    h = nt.float64[::1]                     # the hyper-parameter vector
     for f, a in [(nt.float32, nt.float32[::1]), (nt.float64, nt.float64[::1])]:
         kernels = [
-            (sgd._sgd_kernel, (a, a, a, f, f, f, nt.boolean)),
-            (adam._adam_kernel, (a, a, a, a, a, f, f, f, f, f, f)),
+            (sgd._sgd_kernel, (a, a, a, h, nt.boolean, nt.boolean)),
+            (adam._adam_kernel, (a, a, a, a, h)),
             (reduce._all_reduce_kernel, (nt.UniTuple(a, 3), a, f, nt.boolean, nt.boolean)),
             (reduce._all_reduce_outs_kernel, (nt.UniTuple(a, 3), nt.UniTuple(a, 3), f,
                                               nt.boolean)),
             (reduce._scale_kernel, (a, nt.float64, nt.float64[::1])),
-            (adam._adam_multi_kernel, (nt.UniTuple(a, 4),) * 4 + (a, f, f, f, f, f, f)),
-            (sgd._sgd_multi_kernel, (nt.UniTuple(a, 4),) * 3 + (f, f, f, nt.boolean)),
+            (adam._adam_multi_kernel, (nt.UniTuple(a, 4),) * 4 + (h,)),
+            (sgd._sgd_multi_kernel, (nt.UniTuple(a, 4),) * 3 + (h, nt.boolean, nt.boolean)),
         ]
         for kernel, signature in kernels:
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(8, 0))
             assert ".entry" in ptx, kernel.py_func.__name__
+            if kernel.py_func.__name__.startswith(("_sgd", "_adam")) and f == nt.float32:
+                # the float64 hyper-parameters are rounded to float32 (round to nearest, as
+                # numpy's float32(x) on the host), and the update itself runs in float32
+                assert "cvt.rn.f32.f64" in ptx and "fma.rn.f64" not in ptx, kernel.py_func

@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
+from test_attention_ops import SWEEP as ATTENTION_SWEEP  # einsum, gelu, layer_norm...
 from test_conv import SWEEP as CONV_SWEEP  # conv, pooling, pad...: loop references there
 
 import graphdist as gd
 from graphdist.ir.types import ArrayType
 from graphdist.ops import OPS, bind
 from graphdist.ops.array import Const, _index_param, getitem
-from graphdist.ops.collectives import all_reduce, broadcast, replica_id
+from graphdist.ops.collectives import all_gather, all_reduce, broadcast, replica_id
 
 F64 = np.float64
 
@@ -268,9 +269,9 @@ def _sgd(rng):
     p, g = _u(rng, 3, 4), _u(rng, 3, 4)
     cases = []
     for lr, wd in [(0.1, 0.0), (0.05, 0.01)]:
-        params = {"lr": lr, "weight_decay": wd}
-        cases.append(Case((p, g), lambda p, g, k=params: bind(OPS["sgd_update"], p, g, **k),
-                          lambda p, g, lr=lr, wd=wd: p - lr * (g + wd * p), params=params))
+        cases.append(Case((p, g, np.array([lr, wd])),
+                          lambda p, g, h: bind(OPS["sgd_update"], p, g, h),
+                          lambda p, g, h, lr=lr, wd=wd: p - lr * (g + wd * p)))
     return cases
 
 
@@ -279,36 +280,77 @@ def _sgd_momentum(rng):
     cases = []
     for nesterov in (False, True):
         for wd in (0.0, 0.1):
-            params = {"lr": 0.1, "momentum": 0.9, "nesterov": nesterov, "weight_decay": wd}
+            params = {"nesterov": nesterov}
 
-            def ref(p, m, g, nesterov=nesterov, wd=wd):   # torch.optim.SGD's formulas
+            def ref(p, m, g, h, nesterov=nesterov, wd=wd):   # torch.optim.SGD's formulas
                 d = g + wd * p
                 buf = 0.9 * m + d
                 return p - 0.1 * (d + 0.9 * buf if nesterov else buf), buf
             cases.append(Case(
-                (p, m, g), lambda *a, k=params: bind(OPS["sgd_momentum_update"], *a, **k), ref,
+                (p, m, g, np.array([0.1, 0.9, wd])),
+                lambda *a, k=params: bind(OPS["sgd_momentum_update"], *a, **k), ref,
                 params=params))
+    # momentum assigned 0 after construction: plain SGD, the buffer left as it is
+    cases.append(Case((p, m, g, np.array([0.1, 0.0, 0.0])),
+                      lambda *a: bind(OPS["sgd_momentum_update"], *a, nesterov=False),
+                      lambda p, m, g, h: (p - 0.1 * g, m.copy()), params={"nesterov": False}))
     return cases
 
 
 def _adam(rng):
     p, m, g = _u(rng, 3, 4), _u(rng, 3, 4), _u(rng, 3, 4)
     v = rng.uniform(0.0, 1.0, (3, 4))
-    lr_t = np.float64(0.01)
     cases = []
-    for wd in (0.0, 0.004):
-        params = {"lr": 0.01, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7,
-                  "weight_decay": wd}
+    for wd in (None, 0.0, 0.004):      # Adam (4 entries), AdamW (5: lr * weight_decay)
+        hyper = [0.01 * np.sqrt(1 - 0.999**3) / (1 - 0.9**3), 0.9, 0.999, 1e-7]
+        hyper += [] if wd is None else [0.01 * wd]
 
-        def ref(p, m, v, g, lr_t, wd=wd):
+        def ref(p, m, v, g, h, wd=wd or 0.0):
             p = p * (1 - 0.01 * wd)
             m = 0.9 * m + 0.1 * g
             v = 0.999 * v + 0.001 * g ** 2
-            return p - lr_t * m / (np.sqrt(v) + 1e-7), m, v
-        cases.append(Case((p, m, v, g, lr_t),
-                          lambda *a, k=params: bind(OPS["adam_update"], *a, **k), ref,
-                          params=params))
+            return p - h[0] * m / (np.sqrt(v) + 1e-7), m, v
+        cases.append(Case((p, m, v, g, np.array(hyper)),
+                          lambda *a: bind(OPS["adam_update"], *a), ref))
     return cases
+
+
+def _hyper(rng):
+    return [Case((np.float64(0.5), np.float64(2.0), np.float64(-1e-7)),
+                 lambda *a: bind(OPS["hyper"], *a), lambda *a: np.array(a)),
+            Case((np.float64(3.0),), lambda a: bind(OPS["hyper"], a), lambda a: np.array([a]))]
+
+
+def _gather(rng):
+    table = _u(rng, 5, 3)
+    return [Case((table, np.array(idx, np.int64)), gd.gather, lambda p, i: np.take(p, i, axis=0),
+                 diff=(0,)) for idx in ([4, 0, 4], [[1], [2]], [])]
+
+
+def _scatter_rows(rng):
+    def ref(i, r):
+        out = np.zeros((5, 3))
+        np.add.at(out, i, r)
+        return out
+    idx = np.array([3, 0, 3, 4])
+    return [Case((idx, _u(rng, 4, 3)), lambda i, r: bind(OPS["scatter_rows"], i, r,
+                                                          shape=(5, 3)),
+                 ref, params={"shape": (5, 3)}, diff=(1,))]
+
+
+def _sum_duplicates(rng):
+    def ref(i, r):
+        u, inv = np.unique(i, return_inverse=True)
+        rows = np.zeros_like(r)
+        np.add.at(rows, inv, r)
+        return np.concatenate([u, np.zeros(len(i) - len(u), i.dtype)]), rows
+    return [Case((np.array([7, 2, 7, 0], np.int32), _u(rng, 4, 2)),
+                 lambda i, r: bind(OPS["sum_duplicates"], i, r), ref, diff=())]
+
+
+def _all_gather(rng):       # one replica: the identity (tests/test_sparse.py: n replicas)
+    return [Case((_u(rng, 3, 2),), lambda x: all_gather(x, 1), lambda x: x.copy(),
+                 params={"n": 1}, diff=())]
 
 
 _PHILOX = {"dist": "uniform", "shape": (3, 4), "dtype": np.dtype("float32")}
@@ -364,11 +406,16 @@ CASES = {
     "all_reduce": lambda rng: (_collective(all_reduce, op="sum")(rng)
                                + _collective(all_reduce, op="mean")(rng)),
     "broadcast": _collective(broadcast, source=0),
+    "all_gather": _all_gather,
+    "gather": _gather,
+    "scatter_rows": _scatter_rows,
+    "sum_duplicates": _sum_duplicates,
     "copy_to": _collective(lambda x, d: bind(OPS["copy_to"], x, device=d), device="cpu:0"),
     "replica_id": _replica_id,
     "sgd_update": _sgd,
     "sgd_momentum_update": _sgd_momentum,
     "adam_update": _adam,
+    "hyper": _hyper,
     "philox_random": lambda rng: [Case(     # the stream, pinned: numpy's Philox (ops/random.py)
         (np.array([2, 7, -9], np.int64), np.int32(0)),
         lambda s, r: bind(OPS["philox_random"], s, r, **_PHILOX),
@@ -378,6 +425,8 @@ CASES = {
 }
 CASES.update({name: lambda rng, make=make: [Case(**kw) for kw in make(rng)]
               for name, make in CONV_SWEEP.items()})
+CASES.update({name: lambda rng, make=make: [Case(**kw) for kw in make(rng)]
+              for name, make in ATTENTION_SWEEP.items()})
 
 # Registered ops whose rules need a Variable as a parameter: covered by the variable and
 # training-step tests, not by this sweep.
@@ -388,6 +437,7 @@ INTERNAL_TESTED_ELSEWHERE = {
     "sgd_momentum_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
     "adam_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
     "host_all_reduce": "tests/test_cross_device_ops.py (a lowering of all_reduce)",
+    "host_all_gather": "tests/test_sparse.py (a lowering of all_gather)",
     "nccl_all_reduce": "tests/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
     "host_reduce_update": "tests/test_reduce_update.py (made by fuse_reduce_update)",
 }

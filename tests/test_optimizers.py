@@ -565,3 +565,231 @@ def test_a_scalar_variable_trains_with_fused_kernels_too(fused, devices):
             p[k] = p[k] - np.float32(0.1) * m[k]
     np.testing.assert_allclose(u.numpy(), p[0], rtol=1e-6)
     np.testing.assert_allclose(w.numpy(), p[1], rtol=1e-6)
+
+
+# ---------------------------------------------------------------- hyper-parameters as state
+
+HYPER_CASES = {   # optimizer, constructor args, assignments made before steps 2, 3, 4
+    "sgd": ("SGD", {"learning_rate": 0.1, "weight_decay": 0.01},
+            [{"learning_rate": 0.05}, {"weight_decay": 0.2}, {"learning_rate": 0.3}]),
+    "momentum": ("SGD", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True},
+                 [{"momentum": 0.5}, {"learning_rate": 0.02, "weight_decay": 0.1},
+                  {"momentum": 0.0}]),
+    "adam": ("Adam", {"learning_rate": 0.05},
+             [{"learning_rate": 0.01}, {"beta_1": 0.5, "beta_2": 0.9}, {"epsilon": 0.1}]),
+    "adamw": ("AdamW", {"learning_rate": 0.05, "weight_decay": 0.1},
+              [{"weight_decay": 0.5}, {"learning_rate": 0.2}, {"beta_1": 0.0}]),
+}
+
+
+def _hyper_ref(cls: str, state, g, t: int, hp: dict) -> list:
+    """One reference step with the hyper-parameters in force; SGD with momentum 0 is plain
+    SGD that leaves the buffer as it is."""
+    p, m, v = state
+    if cls == "SGD":
+        if hp.get("momentum", 0.0) == 0.0:
+            return [sgd_ref(p, g, None, hp["learning_rate"],
+                            weight_decay=hp.get("weight_decay", 0.0))[0], m, v]
+        p, m = sgd_ref(p, g, m, hp["learning_rate"], hp["momentum"], hp.get("nesterov", False),
+                       hp.get("weight_decay", 0.0))
+        return [p, m, v]
+    return list(adam_ref(p, g, m, v, t, hp["learning_rate"], hp.get("beta_1", 0.9),
+                         hp.get("beta_2", 0.999), hp.get("epsilon", 1e-7),
+                         hp.get("weight_decay", 0.0)))
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("case", sorted(HYPER_CASES))
+def test_assigned_hyperparameters_take_effect_without_a_retrace(case, devices, fused):
+    cls, kw, changes = HYPER_CASES[case]
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)])
+    rng = np.random.default_rng(11)
+    p0 = rng.normal(size=(4, 3)).astype(np.float32)
+    with strategy.scope():
+        w = gd.Variable(p0, name="w")
+        opt = getattr(gd.optimizers, cls)(**kw)
+
+    @gd.function
+    def step(g):
+        return strategy.run(lambda: opt.apply_gradients([(g, w)]))
+
+    hp = dict(kw)
+    state = [p0.astype(np.float64), np.zeros((4, 3)), np.zeros((4, 3))]
+    for t in range(1, len(changes) + 2):
+        if t > 1:
+            for name, value in changes[t - 2].items():
+                setattr(opt, name, value)
+                hp[name] = value
+                assert float(getattr(opt, name).numpy()) == value
+        g = rng.normal(size=(4, 3)).astype(np.float32)
+        step(g)
+        state = _hyper_ref(cls, state, g.astype(np.float64), t, hp)
+        for component in w.values:
+            _close(component, state[0], f"{case}: w after step {t}")
+    assert step.trace_count == 1
+
+
+def test_hyperparameters_are_mirrored_float64_state_in_variables():
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        opt = gd.optimizers.AdamW(learning_rate=0.01, weight_decay=0.1)
+    names = ["learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay"]
+    for name in names:
+        var = getattr(opt, name)
+        assert isinstance(var, gd.Variable) and not var.trainable
+        assert var.dtype == np.float64 and var.shape == () and len(var.values) == 2
+        assert any(var is v for v in opt.variables())
+    assert opt.variables()[0] is opt.iterations
+    _close(opt.learning_rate.numpy(), 0.01, "learning_rate")
+    opt.learning_rate = 0.5
+    assert all(float(c) == 0.5 for c in opt.learning_rate.values)   # every replica's copy
+    assert gd.optimizers.Adam().weight_decay == 0.0
+    with pytest.raises(AttributeError, match="AdamW"):
+        gd.optimizers.Adam().weight_decay = 0.1
+
+
+def test_eager_apply_gradients_sees_assignments():
+    w = gd.Variable(np.ones(2))
+    opt = gd.optimizers.SGD(0.5)
+    opt.apply_gradients([(np.ones(2), w)])
+    opt.learning_rate = 0.25
+    opt.apply_gradients([(np.ones(2), w)])
+    _close(w.numpy(), 1 - 0.5 - 0.25, "w")
+    assert len(opt._eager_steps) == 1 and next(iter(opt._eager_steps.values())).trace_count == 1
+
+
+@pytest.mark.parametrize("name, bad", [
+    ("learning_rate", -0.1), ("learning_rate", float("nan")), ("learning_rate", float("inf")),
+    ("weight_decay", -1.0), ("momentum", -0.5), ("beta_1", 1.0), ("beta_2", 1.5),
+    ("epsilon", -1e-8)])
+def test_bad_assignments_raise_and_change_nothing(name, bad):
+    cls = "Adam" if name.startswith(("beta", "eps")) else "SGD"
+    kw = {"momentum": 0.9} if name == "momentum" else {}
+    opt = (gd.optimizers.AdamW if name == "weight_decay" else getattr(gd.optimizers, cls))(**kw)
+    before = float(getattr(opt, name).numpy())
+    with pytest.raises(ValueError, match=name):
+        setattr(opt, name, bad)
+    assert float(getattr(opt, name).numpy()) == before
+    with pytest.raises(TypeError, match=name):
+        setattr(opt, name, "fast")
+
+
+def test_momentum_is_fixed_at_construction_in_kind_not_in_value():
+    plain = gd.optimizers.SGD(0.1)
+    with pytest.raises(ValueError, match="momentum > 0"):
+        plain.momentum = 0.9
+    plain.momentum = 0.0                                     # still plain: fine
+    assert plain.slots() == {}
+    heavy = gd.optimizers.SGD(0.1, momentum=0.9)
+    w = gd.Variable(np.ones(3))
+    heavy.apply_gradients([(np.ones(3), w)])
+    buffer = heavy.slot(w, "momentum").numpy()
+    heavy.momentum = 0.0                                     # plain SGD steps from now on
+    heavy.apply_gradients([(np.full(3, 2.0), w)])
+    _close(w.numpy(), np.ones(3) - 0.1 - 0.2, "w")
+    np.testing.assert_array_equal(heavy.slot(w, "momentum").numpy(), buffer)
+
+
+def test_switching_between_a_number_and_a_schedule_is_a_type_error():
+    sched = gd.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    opt = gd.optimizers.SGD(learning_rate=sched)
+    assert opt.learning_rate is sched
+    assert all(v is not sched for v in opt.variables())
+    for value in (0.1, gd.optimizers.schedules.ExponentialDecay(0.2, 10, 0.5)):
+        with pytest.raises(TypeError, match="schedule"):
+            opt.learning_rate = value
+    numeric = gd.optimizers.Adam(0.1)
+    with pytest.raises(TypeError, match="number"):
+        numeric.learning_rate = sched
+    with pytest.raises(TypeError, match="number"):
+        numeric.learning_rate = lambda step: 0.1
+    assert opt.learning_rate is sched and float(numeric.learning_rate.numpy()) == 0.1
+
+
+def test_a_variable_learning_rate_is_shared_state():
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        lr = gd.Variable(np.float32(0.5), name="lr", trainable=False)
+        w = gd.Variable(np.zeros(2))
+        opt = gd.optimizers.SGD(learning_rate=lr)
+    assert opt.learning_rate is lr
+    step = gd.function(lambda: strategy.run(
+        lambda: opt.apply_gradients([(gd.ones_like(w), w)])))
+    step()
+    lr.assign(np.float32(0.125))                  # the user's variable, assigned directly
+    step()
+    opt.learning_rate = 0.25                      # or through the optimizer
+    step()
+    _close(w.numpy(), -np.full(2, 0.5 + 0.125 + 0.25), "w")
+    assert step.trace_count == 1
+    with pytest.raises(TypeError, match="scalar"):
+        gd.optimizers.SGD(learning_rate=gd.Variable(np.ones(2)))
+    outside = gd.Variable(0.1)                                   # on cpu:0 only
+    with strategy.scope(), pytest.raises(ValueError, match="strategy scope"):
+        gd.optimizers.SGD(learning_rate=outside)
+
+
+def test_callable_learning_rates_of_the_step_or_of_nothing():
+    scale = gd.Variable(np.float64(1.0), trainable=False)
+    for lr, rates in [(lambda step: 0.1 * (gd.cast(step, "float64") + 1.0), [0.1, 0.2, 0.3]),
+                      (lambda: scale * 0.5, [0.5, 1.0, 1.5]),
+                      (lambda step: 0.25, [0.25, 0.25, 0.25])]:
+        scale.assign(1.0)
+        w = gd.Variable(np.zeros(1))
+        opt = gd.optimizers.SGD(learning_rate=lr)
+        step = gd.function(lambda opt=opt, w=w: opt.apply_gradients([(gd.ones_like(w), w)]))
+        for t, rate in enumerate(rates):
+            before = w.numpy()
+            step()
+            _close(before - w.numpy(), [rate], f"rate of step {t}")
+            scale.assign(scale.numpy() + 1.0)
+        assert step.trace_count == 1
+
+
+@pytest.mark.parametrize("cls, kw", [("SGD", {}), ("SGD", {"momentum": 0.9}),
+                                     ("Adam", {}), ("AdamW", {"weight_decay": 0.1})])
+@pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]])
+def test_updates_are_bit_identical_to_the_kernel_specs(cls, kw, devices, fused):
+    """The hyper vector reaches every path (the ops' numpy impls, the multi-tensor kernels,
+    the fused all-reduce + update on 4 replicas) as the float32 numbers the kernels' numpy
+    specs take from Python floats, so the updates agree bit for bit with those specs (the
+    numpy impl squares g before scaling it in Adam's v, as it always has)."""
+    from graphdist.kernels import adam, sgd
+
+    strategy = gd.MirroredStrategy(devices)
+    rng = np.random.default_rng(5)
+    shapes = [(5, 3), (3,)]
+    inits = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    with strategy.scope():
+        ws = [gd.Variable(a) for a in inits]
+        opt = getattr(gd.optimizers, cls)(learning_rate=0.03, gradient_reduction="sum", **kw)
+
+    @gd.function
+    def step(gs):
+        return strategy.run(lambda *gs: opt.apply_gradients(zip(gs, ws)), args=gs)
+
+    state = [[a.copy(), np.zeros_like(a), np.zeros_like(a)] for a in inits]
+    for t in range(1, 4):
+        gs = [rng.normal(size=s).astype(np.float32) for s in shapes]
+        # replica 0 holds the gradient, the others zeros: the summed gradient is exact
+        step([gd.PerReplica([g] + [np.zeros_like(g)] * (len(devices) - 1))
+              if len(devices) > 1 else g for g in gs])
+        for k, g in enumerate(gs):
+            p, m, v = state[k]
+            if cls == "SGD":
+                p, m = sgd.sgd_ref(p, g, m if kw else None, 0.03, kw.get("momentum", 0.0))
+            else:
+                lr_t = 0.03 * np.sqrt(1 - 0.999 ** np.float64(t)) / (1 - 0.9 ** np.float64(t))
+                decay = 0.03 * kw.get("weight_decay", 0.0)
+                v_next = (np.float32(0.999) * v + np.float32(1 - 0.999) * (g * g)
+                          if not fused else None)
+                p, m, v = adam.adam_ref(p, g, m, v, lr_t, 0.9, 0.999, 1e-7, decay)
+                if not fused:                # the impl's v, and the step taken with it
+                    v = v_next
+                    p0 = state[k][0] - np.float32(decay) * state[k][0] if decay else state[k][0]
+                    p = p0 - np.float32(lr_t) * m / (np.sqrt(v) + np.float32(1e-7))
+            state[k] = [p, m, v]
+            for component in ws[k].values:
+                np.testing.assert_array_equal(component, p)
+    if fused and len(devices) > 1:
+        assert any(e.op.name == "host_reduce_update" for e in step.replicated_graph.eqns)

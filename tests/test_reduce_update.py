@@ -80,18 +80,25 @@ def test_the_node_reference_matches_its_kernel():
     for k in range(2):
         for j in range(n):
             ins += [ps[k * n + j], ms[k * n + j]]
+        ins.append(np.array([0.1, 0.9, 0.01]))          # replica k's [lr, momentum, wd]
     params = {"update": "sgd_momentum_multi_update", "reduce": "mean", "offsets": tuple(offsets),
-              "replicas": 2, "n": n, "lr": 0.1, "momentum": 0.9, "nesterov": False,
-              "weight_decay": 0.0}
+              "replicas": 2, "n": n, "nesterov": False}
     node = OPS["host_reduce_update"]
+    before = ps[n + 1].copy(), ms[n + 1].copy()
     want = node.impl(np, *ins, **params)                 # numpy: reduce, then update
     from graphdist.runtime.kernel_table import reduce_update_cpu
 
     reduce_update_cpu(*ins, **params)             # in place on ins
-    got = [ins[2 + k * 2 * n + j * 2 + o] for k in range(2) for j in range(n) for o in range(2)]
+    per = 2 * n + 1                               # a replica's inputs: p, m per tensor, hyper
+    got = [ins[2 + k * per + j * 2 + o] for k in range(2) for j in range(n) for o in range(2)]
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
     assert node.inplace(tuple(params.items()))[0] == 2   # replica 0's p' is written over p
+    # the hyper vector's numbers are the ones used: torch's formula on the numpy mean
+    g = ((bufs[0] + bufs[1]) / np.float32(2))[offsets[1]:offsets[1] + SHAPES[1][0]]
+    p_ref, m_ref = sgd.sgd_ref(*before[:1], g, before[1], 0.1, 0.9, False, 0.01)
+    np.testing.assert_allclose(ps[n + 1], p_ref, rtol=1e-6)
+    np.testing.assert_allclose(ms[n + 1], m_ref, rtol=1e-6)
 
 
 def _model(strategy, make_opt):

@@ -275,3 +275,25 @@ def test_embedding_layer_looks_up_its_table_and_checkpoints(tmp_path):
     other(ids)
     gd.Checkpoint(model=other).restore(path)
     np.testing.assert_array_equal(other.embeddings.numpy(), table)
+
+
+# ---------------------------------------------------------------- host kernels
+
+
+@pytest.mark.parametrize("dtype,index_dtype", [(np.float32, np.int64), (np.float64, np.int32)])
+def test_row_kernels_match_the_numpy_reference_bit_for_bit(dtype, index_dtype):
+    from graphdist.kernels.sparse import scatter_rows_cpu, sum_duplicates_cpu
+    from graphdist.ops.sparse import _scatter_rows_impl, _sum_duplicates_impl
+
+    rng = np.random.default_rng(6)
+    indices = rng.integers(0, 300, 1000).astype(index_dtype)
+    indices[::5] = indices[3]                               # many repeats of one row
+    rows = rng.standard_normal((1000, 3, 4)).astype(dtype)
+    out = np.full((300, 3, 4), np.nan, dtype)
+    scatter_rows_cpu(out, indices, rows)
+    np.testing.assert_array_equal(out, _scatter_rows_impl(np, indices, rows, shape=out.shape))
+    outs = (np.empty_like(indices), np.full_like(rows, np.nan))
+    sum_duplicates_cpu(outs, indices, rows)
+    want = _sum_duplicates_impl(np, indices, rows)
+    np.testing.assert_array_equal(outs[0], want[0])
+    np.testing.assert_array_equal(outs[1], want[1])

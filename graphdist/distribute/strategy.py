@@ -17,6 +17,7 @@ from graphdist.distribute.input import distribute_batch
 from graphdist.device.backends import host_value
 from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, ValueContext,
                                          VariableAggregation, _as_tensor_value, map_structure)
+from graphdist.ir.types import is_float
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.pytree import flatten, unflatten
 
@@ -271,7 +272,7 @@ class Strategy:
                 tracer.strategy = self
             return self._reduce_traced(op, value, axis)
         parts = self._eager_parts("reduce", value)
-        if op is ReduceOp.MEAN and parts[0].dtype.kind != "f":
+        if op is ReduceOp.MEAN and not is_float(parts[0].dtype):
             raise TypeError(f"reduce(MEAN): expected float values, got {parts[0].dtype}; use "
                             "gd.cast first, or reduce with SUM")
         if axis is None:

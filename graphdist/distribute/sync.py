@@ -9,6 +9,7 @@ import numpy as np
 from graphdist.distribute.context import get_replica_context
 from graphdist.distribute.values import LocalValue, PerReplica
 from graphdist.distribute.values import VariableAggregation as Agg
+from graphdist.ir.types import is_float
 from graphdist.ops.collectives import all_reduce, broadcast
 from graphdist.ops.core import Symbolic, is_python_scalar, scalar_dtype
 
@@ -30,14 +31,14 @@ def sum_shares(value: np.ndarray, n: int) -> list:
     """What each of n components of a SUM sync-on-read variable holds so that it reads
     `value`: value/n for floats (as TF does); an integer or bool value is held whole by the
     first replica (value/n would be truncated), the others hold zero."""
-    if value.dtype.kind == "f":
+    if is_float(value.dtype):
         return [value / value.dtype.type(n)] * n
     return [value] + [np.zeros_like(value)] * (n - 1)
 
 
 def _sum_share(variable, value, n: int):
     """sum_shares in traced (SPMD) code: this replica's share of `value`."""
-    if variable.dtype.kind == "f":
+    if is_float(variable.dtype):
         return value / float(n)
     from graphdist.ops.collectives import replica_id
     from graphdist.ops.math import equal, where

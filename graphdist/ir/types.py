@@ -5,14 +5,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
+# bfloat16 comes from ml_dtypes (as in JAX); numpy gives it kind "V", so ask is_float()
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+FLOAT16 = np.dtype("float16")
 DTYPES = {
-    np.dtype("float32"): "f32", np.dtype("float64"): "f64", np.dtype("int32"): "i32",
-    np.dtype("int64"): "i64", np.dtype("bool"): "bool",
+    np.dtype("float32"): "f32", np.dtype("float64"): "f64", FLOAT16: "f16", BFLOAT16: "bf16",
+    np.dtype("int32"): "i32", np.dtype("int64"): "i64", np.dtype("bool"): "bool",
 }
-FLOATS = (np.dtype("float32"), np.dtype("float64"))
+FLOATS = (np.dtype("float32"), np.dtype("float64"), FLOAT16, BFLOAT16)
+LOW_PRECISION = (FLOAT16, BFLOAT16)   # computed with float32 accumulation
 DEFAULT_FLOAT = np.dtype("float32")
+
+
+def is_float(dtype) -> bool:
+    """Is `dtype` one of graphdist's float dtypes (bfloat16 included)?"""
+    return np.dtype(dtype) in FLOATS
 
 
 def as_dtype(dtype) -> np.dtype:

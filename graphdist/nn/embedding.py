@@ -40,7 +40,7 @@ class Embedding(Layer):
         self.embeddings_initializer = embeddings_initializer
 
     def __call__(self, ids, training=False):
-        dtype = np.dtype(getattr(ids, "dtype", np.asarray(ids).dtype))
+        dtype = np.dtype(ids.dtype) if hasattr(ids, "dtype") else np.asarray(ids).dtype
         if dtype.kind not in "iu":
             raise TypeError(f"Embedding '{self.name}': ids must be integers, got {dtype}; "
                             "use gd.cast(ids, 'int32')")
@@ -52,4 +52,6 @@ class Embedding(Layer):
             self.embeddings_initializer, (self.input_dim, self.output_dim), self.dtype))
 
     def call(self, ids, training=False):
-        return embedding_lookup(self.embeddings, ids)
+        # the rows in the compute dtype (mixed precision); the gather reads the variable
+        # itself, so its gradient stays sparse
+        return self.in_compute_dtype(embedding_lookup(self.embeddings, ids))

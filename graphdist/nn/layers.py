@@ -16,7 +16,9 @@ from graphdist import initializers
 from graphdist.distribute.context import get_replica_context
 from graphdist.distribute.values import VariableAggregation, VariableSynchronization
 from graphdist.errors import CheckpointError, ShapeError
+from graphdist.ir.types import LOW_PRECISION, is_float
 from graphdist.nn.normalization import batch_normalization, moments
+from graphdist.nn.policy import dtype_policy
 from graphdist.ops.array import cast, concat, reshape, split, stop_gradient
 from graphdist.ops.conv import conv2d
 from graphdist.ops.pool import avg_pool2d, max_pool2d
@@ -91,25 +93,58 @@ def _padding(where: str, padding: str) -> str:
 
 class Layer:
     """Base class: a name, weights made by `build(input_shape)` on the first call, and the
-    input checks of Keras's InputSpec (rank, and the sizes the weights were built for)."""
+    input checks of Keras's InputSpec (rank, and the sizes the weights were built for).
+
+    `dtype` (Keras's): a gd.nn.DTypePolicy, a policy name ("mixed_bfloat16") or a float
+    dtype; None takes gd.config.precision() at construction. The layer makes its variables
+    in `variable_dtype` and casts float inputs, and its weights as it reads them (`call`
+    uses `self.in_compute_dtype(w)`), to `compute_dtype`: the cast's gradient brings the
+    gradient back to the float32 master weight. With no `dtype` under the "float32"
+    precision nothing is cast and the weights follow the input (float64 in, float64 weights).
+
+    >>> layer = gd.nn.Dense(4, dtype="mixed_bfloat16"); layer.compute_dtype
+    'bfloat16'
+    """
 
     default_name = ""              # Keras's base name; else the class name in snake case
     rank: int | None = None        # the input rank the layer needs, if fixed
     min_rank = 0
     makes_weights = True           # does build() make variables (checkpoints need them)?
 
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, dtype=None):
         base = type(self).__dict__.get("default_name") or re.sub(
             r"(?<!^)(?=[A-Z])", "_", type(self).__name__).lower()
         self.name = str(name) if name is not None else _unique_name(base)
         self.built = False
         self.dtype = np.dtype(np.float32)         # of the weights, set on the first call
+        self._dtype_policy = dtype_policy(dtype)
+        self._autocast = dtype is not None or self._dtype_policy.name != "float32"
         self.input_shape: tuple | None = None
         self._weights: dict[str, Variable] = {}
         self._fixed_axes: dict[int, int] = {}      # axis -> size the weights were built for
 
     def build(self, input_shape: tuple) -> None:
         pass
+
+    # ------------------------------------------------------------ dtypes (Keras's names)
+    dtype_policy = property(lambda self: self._dtype_policy)
+
+    @property
+    def compute_dtype(self) -> str:
+        return self._dtype_policy.compute_dtype if self._autocast else self.dtype.name
+
+    @property
+    def variable_dtype(self) -> str:
+        return self._dtype_policy.variable_dtype if self._autocast else self.dtype.name
+
+    def in_compute_dtype(self, value):
+        """`value` (an input or a weight read in `call`) in the compute dtype, if it is a float
+        tensor of another dtype."""
+        if not self._autocast:
+            return value
+        dtype = np.dtype(self.compute_dtype)
+        have = _dtype(value)
+        return cast(value, dtype) if is_float(have) and have != dtype else value
 
     def call(self, x, training: bool = False):
         raise NotImplementedError
@@ -127,13 +162,14 @@ class Layer:
         self._check_input(shape)
         if not self.built:
             # float64 inputs get float64 weights; everything else float32 (Keras's default)
-            self.dtype = np.dtype(np.float64 if _dtype(x) == np.float64 else np.float32)
+            self.dtype = np.dtype(self._dtype_policy.variable_dtype if self._autocast else
+                                  np.float64 if _dtype(x) == np.float64 else np.float32)
             self._weights.clear()  # of a build that raised part-way
             self.build(shape)      # concrete values: variables made mid-trace, as slots are
             self.built, self.input_shape = True, shape
             self._check_input(shape)
         with name_scope(self.name):
-            return self.call(x, training=bool(training))
+            return self.call(self.in_compute_dtype(x), training=bool(training))
 
     def _check_input(self, shape: tuple) -> None:
         what = f"{type(self).__name__} '{self.name}'"
@@ -201,8 +237,9 @@ class Dense(Layer):
     min_rank = 2
 
     def __init__(self, units: int, activation=None, use_bias: bool = True,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros", name=None):
-        super().__init__(name)
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", name=None,
+                 dtype=None):
+        super().__init__(name, dtype)
         self.units = int(units)
         self.activation = _activation(activation)
         self.use_bias = bool(use_bias)
@@ -219,11 +256,12 @@ class Dense(Layer):
 
     def call(self, x, training=False):
         shape = _shape(x)
-        y = matmul(x if len(shape) == 2 else reshape(x, (-1, shape[-1])), self.kernel)
+        y = matmul(x if len(shape) == 2 else reshape(x, (-1, shape[-1])),
+                   self.in_compute_dtype(self.kernel))
         if len(shape) != 2:
             y = reshape(y, shape[:-1] + (self.units,))
         if self.use_bias:
-            y = add(y, self.bias)
+            y = add(y, self.in_compute_dtype(self.bias))
         return self.activation(y) if self.activation else y
 
 
@@ -238,8 +276,9 @@ class Conv2D(Layer):
 
     def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid",
                  activation=None, use_bias: bool = True, dilation_rate=1,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros", name=None):
-        super().__init__(name)
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", name=None,
+                 dtype=None):
+        super().__init__(name, dtype)
         self.filters = int(filters)
         self.kernel_size = _pair(f"Conv2D '{self.name}': kernel_size", kernel_size)
         self.strides = _pair(f"Conv2D '{self.name}': strides", strides)
@@ -259,10 +298,10 @@ class Conv2D(Layer):
         self._fixed_axes = {-1: input_shape[-1]}
 
     def call(self, x, training=False):
-        y = conv2d(x, self.kernel, strides=self.strides, padding=self.padding.upper(),
-                   dilations=self.dilation_rate)
+        y = conv2d(x, self.in_compute_dtype(self.kernel), strides=self.strides,
+                   padding=self.padding.upper(), dilations=self.dilation_rate)
         if self.use_bias:
-            y = add(y, self.bias)
+            y = add(y, self.in_compute_dtype(self.bias))
         return self.activation(y) if self.activation else y
 
 
@@ -276,8 +315,9 @@ class MaxPool2D(Layer):
     rank = 4
     _op = staticmethod(max_pool2d)
 
-    def __init__(self, pool_size=2, strides=None, padding: str = "valid", name=None):
-        super().__init__(name)
+    def __init__(self, pool_size=2, strides=None, padding: str = "valid", name=None,
+                 dtype=None):
+        super().__init__(name, dtype)
         kind = type(self).__name__
         self.pool_size = _pair(f"{kind} '{self.name}': pool_size", pool_size)
         self.strides = _pair(f"{kind} '{self.name}': strides",
@@ -321,8 +361,8 @@ class Dropout(Layer):
     default_name = "dropout"
     makes_weights = False          # only its generator, which checkpoints leave out
 
-    def __init__(self, rate: float, seed=None, name=None):
-        super().__init__(name)
+    def __init__(self, rate: float, seed=None, name=None, dtype=None):
+        super().__init__(name, dtype)
         self.rate = float(rate)
         if not 0.0 <= self.rate < 1.0:
             raise ValueError(f"Dropout '{self.name}': rate must be in [0, 1), got {rate}")
@@ -358,8 +398,8 @@ class BatchNorm(Layer):
 
     def __init__(self, axis: int = -1, momentum: float = 0.99, epsilon: float = 1e-3,
                  center: bool = True, scale: bool = True, synchronized: bool = False,
-                 name=None):
-        super().__init__(name)
+                 name=None, dtype=None):
+        super().__init__(name, dtype)
         self.axis, self.momentum, self.epsilon = int(axis), float(momentum), float(epsilon)
         self.center, self.scale, self.synchronized = bool(center), bool(scale), synchronized
 
@@ -381,6 +421,13 @@ class BatchNorm(Layer):
         self._fixed_axes = {self.axis: size}
 
     def call(self, x, training=False):
+        low = _dtype(x) if _dtype(x) in LOW_PRECISION else None
+        if low is not None:     # as Keras: normalize float16/bfloat16 inputs in float32
+            x = cast(x, self.dtype)
+        y = self._normalize(x, training)
+        return cast(y, low) if low is not None else y
+
+    def _normalize(self, x, training):
         ndim = len(_shape(x))
         axis = self.axis % ndim
         reduce_axes = tuple(a for a in range(ndim) if a != axis)

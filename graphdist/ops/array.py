@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from graphdist.errors import ShapeError
-from graphdist.ir.types import ArrayType, as_dtype
+from graphdist.ir.types import ArrayType, as_dtype, is_float
 from graphdist.ops.core import Op, bind, normalize_axis, same_dtype
 
 # ---------------------------------------------------------------- reshape family (views)
@@ -240,7 +240,7 @@ cast_p.def_shape(lambda x, *, dtype: ArrayType(x.shape, dtype))
 cast_p.def_impl(lambda xp, x, *, dtype: x.astype(dtype))
 cast_p.def_out(lambda xp, out, x, *, dtype: xp.copyto(out, x, casting="unsafe"))
 cast_p.def_vjp(lambda ct, x, *, dtype: (
-    cast(ct, x.ty.dtype) if x.ty.dtype.kind == "f" and np.dtype(dtype).kind == "f" else None,))
+    cast(ct, x.ty.dtype) if is_float(x.ty.dtype) and is_float(dtype) else None,))
 
 fill_p = Op("fill", differentiable=False)
 fill_p.def_shape(lambda *, shape, dtype, value: ArrayType(tuple(shape), dtype))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from graphdist.errors import ShapeError
 from graphdist.ir.types import ArrayType
-from graphdist.ops.core import Op, bind, same_dtype
+from graphdist.ops.core import Op, accumulate_in_float32, bind, same_dtype
 from graphdist.ops.window import (describe, fold_replicas, operands, pair, require_nhwc, taps,
                                   window_geometry)
 
@@ -220,6 +220,10 @@ conv2d_backprop_filter_p.def_batch(
     lambda bx, x, dy, **params: bx.per_replica(conv2d_backprop_filter_p, (x, dy), params))
 conv2d_backprop_filter_p.def_cost(lambda ins, outs, **_: _conv_cost(
     ins, outs, rows_macs=ins[1].size * outs[0].size // outs[0].shape[3]))
+
+# float16/bfloat16 convolutions run their GEMMs in float32 and cast the result back
+for _op in (conv2d_p, conv2d_backprop_input_p, conv2d_backprop_filter_p):
+    accumulate_in_float32(_op)
 
 # ---------------------------------------------------------------- public functions
 

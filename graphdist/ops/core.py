@@ -12,7 +12,7 @@ import threading
 import numpy as np
 
 from graphdist.errors import ShapeError
-from graphdist.ir.types import DEFAULT_FLOAT, ArrayType, as_dtype
+from graphdist.ir.types import DEFAULT_FLOAT, LOW_PRECISION, ArrayType, as_dtype, is_float
 
 OPS: dict[str, Op] = {}
 
@@ -42,6 +42,7 @@ class Op:
         self.inplace: dict[int, int] = {}        # output -> input a kernel updates in place
         self.differentiable = differentiable
         self.ufunc = ufunc            # numpy/cupy ufunc name: lets the lowering pass out=
+        self.accumulates = False      # float16/bfloat16 operands run the impl in float32
         self.shape_rule = None
         self.impl = None
         self.out_impl = None          # impl(xp, out, *ins, **params) writing into `out`
@@ -146,11 +147,12 @@ def scalar_dtype(op_name: str, value, strong: list[np.dtype]) -> np.dtype:
     """The dtype a Python scalar takes next to typed operands (JAX-style weak typing)."""
     kind = "b" if isinstance(value, bool) else "i" if isinstance(value, numbers.Integral) else "f"
     for dt in strong:
-        if dt.kind == "b" and kind != "b":
+        dt_kind = "f" if is_float(dt) else dt.kind    # numpy says "V" for bfloat16
+        if dt_kind == "b" and kind != "b":
             continue
-        if kind == "b" or dt.kind == kind or (kind == "i" and dt.kind == "f"):
+        if kind == "b" or dt_kind == kind or (kind == "i" and dt_kind == "f"):
             return dt
-        if kind == "f" and dt.kind in "iub":
+        if kind == "f" and dt_kind in "iub":
             raise TypeError(f"{op_name}: a Python float ({value!r}) meets a {dt} tensor; "
                             f"use gd.cast(x, 'float32') first")
     return np.dtype("bool") if kind == "b" else np.dtype("int32") if kind == "i" else DEFAULT_FLOAT
@@ -223,8 +225,40 @@ def broadcast_types(op_name: str, *tys: ArrayType, names=None) -> ArrayType:
     return ArrayType(broadcast_shapes(op_name, *tys, names=names), dtype)
 
 
+def accumulate_in_float32(op: Op) -> Op:
+    """Make `op` (one output) run float16/bfloat16 operands in float32 and cast the result
+    back: float32 accumulation for GEMM-like ops, and numpy has no fast half-precision GEMM.
+    Wraps the impl and out_impl defined so far; other dtypes run them unchanged."""
+    impl, out_impl = op.impl, op.out_impl
+
+    def low_dtype(xs):          # a plain loop: this runs on every call of a float32 matmul
+        for x in xs:
+            if x.dtype in LOW_PRECISION:
+                return x.dtype
+        return None
+
+    def impl32(xp, *xs, **params):
+        low = low_dtype(xs)
+        if low is None:
+            return impl(xp, *xs, **params)
+        up = [x.astype(xp.float32) if x.dtype in LOW_PRECISION else x for x in xs]
+        return impl(xp, *up, **params).astype(low)
+
+    def out32(xp, out, *xs, **params):
+        if low_dtype(xs) is None:
+            out_impl(xp, out, *xs, **params)
+        else:
+            out[...] = impl32(xp, *xs, **params)
+
+    op.def_impl(impl32)
+    if out_impl is not None:
+        op.def_out(out32)
+    op.accumulates = True     # the lowering then skips op.ufunc for such operands
+    return op
+
+
 def require_float(op_name: str, ty: ArrayType) -> None:
-    if ty.dtype.kind != "f":
+    if not is_float(ty.dtype):
         raise TypeError(f"{op_name}: expected a float tensor, got {ty}; use gd.cast first")
 
 

@@ -86,10 +86,10 @@ host_all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs
 # Made by passes/fuse.py (fuse_reduce_update) on host devices: a host_all_reduce whose
 # results only feed, as views, the multi-tensor optimizer update of every replica becomes
 # one node. Inputs: the R flat buckets, then per replica the update's inputs without the
-# gradients (p, m[, v] per tensor, then the shared lr_t for Adam). Outputs: every replica's
-# update outputs, each written in place over its input. params: the update's own
-# (op name in `update`, n, hyper-parameters), the reduction (`reduce`), the tensors'
-# `offsets` in the bucket, and `replicas`.
+# gradients (p, m[, v] per tensor, then the shared float64 hyper-parameter vector). Outputs:
+# every replica's update outputs, each written in place over its input. params: the update's
+# own (op name in `update`, n, nesterov), the reduction (`reduce`), the tensors' `offsets`
+# in the bucket, and `replicas`.
 host_reduce_update_p = Op("host_reduce_update", collective=True, num_outputs=None,
                           differentiable=False)
 
@@ -166,14 +166,15 @@ host_reduce_update_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in outs),
 
 def update_inputs(ins, update: str, replicas: int, n: int):
     """A host_reduce_update node's inputs as its kernel takes them: the R buckets, one list
-    per kept input kind (p, m[, v]) over every replica's tensors, and the shared rates."""
+    per kept input kind (p, m[, v]) over every replica's tensors, and each replica's hyper
+    vector."""
     params = {"update": update, "replicas": replicas, "n": n}
     multi, kept, _ = _update_parts(params)
     lists = [[] for _ in range(kept)]
-    rates = []
+    hypers = []
     for full in _replica_inputs(ins, params):
         for j in range(n):
             for q in range(kept):
                 lists[q].append(full[j * multi.k + q])
-        rates += full[n * multi.k:]
-    return ins[:replicas], lists, rates
+        hypers += full[n * multi.k:]
+    return ins[:replicas], lists, hypers

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.errors import ShapeError
-from graphdist.ir.types import ArrayType, as_dtype
-from graphdist.ops.core import (Op, bind, broadcast_types, normalize_axis, require_float,
-                                same_dtype)
+from graphdist.ir.types import LOW_PRECISION, ArrayType, as_dtype
+from graphdist.ops.core import (Op, accumulate_in_float32, bind, broadcast_types, normalize_axis,
+                                require_float, same_dtype)
 
 # ---------------------------------------------------------------- helpers for vjp rules
 
@@ -259,13 +259,34 @@ def _expand_back(ct, x_ty: ArrayType, axis, keepdims):
     return broadcast_to(ct if keepdims else reshape(ct, kept), x_ty.shape)
 
 
+def _reduce_in_float32(op: Op, fn: str) -> None:
+    # float16/bfloat16 sums accumulate in float32: in half precision a long sum stalls (a
+    # bfloat16 running sum of ones stops at 256) or overflows (float16 at 65504)
+    impl, out_impl = op.impl, op.out_impl
+
+    def low_impl(xp, x, **params):
+        if x.dtype not in LOW_PRECISION:
+            return impl(xp, x, **params)
+        return getattr(xp, fn)(x, dtype=xp.float32, **params).astype(x.dtype)
+
+    def low_out(xp, out, x, **params):
+        if x.dtype not in LOW_PRECISION:
+            return out_impl(xp, out, x, **params)
+        out[...] = low_impl(xp, x, **params)
+
+    op.def_impl(low_impl)
+    op.def_out(low_out)
+
+
 sum_p = _reduce("reduce_sum", "sum")
 # numpy sums int32 into int64: keep the dtype the shape rule promises
 sum_p.def_impl(lambda xp, x, *, axis, keepdims: xp.sum(x, axis=axis, keepdims=keepdims,
                                                        dtype=x.dtype))
+_reduce_in_float32(sum_p, "sum")
 sum_p.def_vjp(lambda ct, x, *, axis, keepdims: (_expand_back(ct, x.ty, axis, keepdims),))
 
 mean_p = _reduce("reduce_mean", "mean", floats_only=True)
+_reduce_in_float32(mean_p, "mean")
 
 
 @mean_p.def_vjp
@@ -379,6 +400,11 @@ def _matmul_shape(a, b):
 
 
 matmul_p.def_impl(lambda xp, a, b: xp.matmul(a, b))
+matmul_p.def_out(lambda xp, out, a, b: xp.matmul(a, b, out=out))
+# float16/bfloat16 operands: in float32, cast back (the lowering then calls these, not the
+# ufunc: numpy's float16 matmul has no BLAS, its bfloat16 one returns float32)
+accumulate_in_float32(matmul_p)
+
 matmul_p.def_cost(lambda ins, outs, **_: (2 * outs[0].size * ins[0].shape[-1],
                                      sum(t.nbytes for t in (*ins, *outs))))
 

@@ -1,10 +1,19 @@
 """Optimizer update ops: one eqn updates one variable and its slots. The fusion pass later
-gathers a device's updates into one multi-tensor kernel; these impls are the reference."""
+gathers a device's updates into one multi-tensor kernel; these impls are the reference.
+
+The hyper-parameters come in as one float64 vector input, `hyper` (made by the hyper op from
+the optimizer's variables), not as params: a new learning rate is a new value, not a new
+graph. Each update rounds them to the variable's dtype as `dt(value)`, as the kernels do.
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphdist.ir.types import ArrayType
-from graphdist.ops.core import Op, require_float, same_dtype
+from graphdist.ops.core import Op, require_float
+
+F64 = np.dtype("float64")
 
 
 def _check(op_name: str, p: ArrayType, *others: ArrayType) -> ArrayType:
@@ -15,28 +24,70 @@ def _check(op_name: str, p: ArrayType, *others: ArrayType) -> ArrayType:
     return p
 
 
+def _check_hyper(op_name: str, hyper: ArrayType, sizes: tuple) -> None:
+    if hyper.dtype != F64 or hyper.ndim != 1 or hyper.shape[0] not in sizes:
+        want = " or ".join(f"f64[{n}]" for n in sizes)
+        raise TypeError(f"{op_name}: hyper-parameters must be {want}, got {hyper}")
+
+
+def _host(hyper) -> list:
+    # Python floats, rounded below as dt(value) exactly as the kernels round them. On a GPU
+    # this reads 2-5 numbers back, a stream sync: only this reference path does (the fused
+    # CUDA kernels read the device vector themselves)
+    return hyper.tolist()
+
+
 def _elementwise_cost(flops_per_param: int, n_arrays: int):
     return lambda ins, outs, **_: (flops_per_param * ins[0].size, n_arrays * ins[0].nbytes)
 
 
-sgd_p = Op("sgd_update", differentiable=False)          # p' = p - lr * (g + wd * p)
-sgd_p.def_shape(lambda p, g, *, lr, weight_decay: _check("sgd_update", p, g))
+# ---------------------------------------------------------------- the hyper-parameter vector
+hyper_p = Op("hyper", differentiable=False)     # f64[] scalars -> f64[n], the updates' input
+
+
+@hyper_p.def_shape
+def _hyper_shape(*xs):
+    for x in xs:
+        if x.shape != () or x.dtype != F64:
+            raise TypeError(f"hyper: expected float64 scalars, got {x}")
+    return ArrayType((len(xs),), F64)
+
+
+# numpy's stack costs 2 us for three scalars, array() 0.2 us; on a GPU one stack launch
+hyper_p.def_impl(lambda xp, *xs: np.array(xs, F64) if xp is np else xp.stack(xs))
+hyper_p.def_cost(lambda ins, outs, **_: (0, 2 * outs[0].nbytes))
+
+
+# ---------------------------------------------------------------- per-variable updates
+sgd_p = Op("sgd_update", differentiable=False)   # p' = p - lr * (g + wd * p); hyper [lr, wd]
+
+
+@sgd_p.def_shape
+def _sgd_shape(p, g, hyper):
+    _check_hyper("sgd_update", hyper, (2,))
+    return _check("sgd_update", p, g)
+
+
 sgd_p.def_cost(_elementwise_cost(3, 3))
 
 
 @sgd_p.def_impl
-def _sgd_impl(xp, p, g, *, lr, weight_decay):
+def _sgd_impl(xp, p, g, hyper):
     dt = p.dtype.type
+    lr, weight_decay = _host(hyper)
     if weight_decay:
         g = g + dt(weight_decay) * p
     return p - dt(lr) * g
 
 
+# hyper [lr, momentum, wd]. momentum 0 (assigned after construction) is plain SGD and leaves
+# the buffer as it is, as the kernels do
 momentum_p = Op("sgd_momentum_update", num_outputs=2, differentiable=False)
 
 
 @momentum_p.def_shape
-def _momentum_shape(p, m, g, *, lr, momentum, nesterov, weight_decay):
+def _momentum_shape(p, m, g, hyper, *, nesterov):
+    _check_hyper("sgd_momentum_update", hyper, (3,))
     ty = _check("sgd_momentum_update", p, m, g)
     return ty, ty
 
@@ -45,22 +96,27 @@ momentum_p.def_cost(_elementwise_cost(6, 5))
 
 
 @momentum_p.def_impl
-def _momentum_impl(xp, p, m, g, *, lr, momentum, nesterov, weight_decay):
+def _momentum_impl(xp, p, m, g, hyper, *, nesterov):
     dt = p.dtype.type
+    lr, momentum, weight_decay = _host(hyper)
     if weight_decay:
         g = g + dt(weight_decay) * p
+    if not momentum:
+        return p - dt(lr) * g, m
     m = dt(momentum) * m + g
     step = g + dt(momentum) * m if nesterov else m
     return p - dt(lr) * step, m
 
 
+# hyper [lr_t, beta_1, beta_2, epsilon] (Adam) or [..., lr * weight_decay] (AdamW), with the
+# bias-corrected lr_t = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
 adam_p = Op("adam_update", num_outputs=3, differentiable=False)
 
 
 @adam_p.def_shape
-def _adam_shape(p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
+def _adam_shape(p, m, v, g, hyper):
+    _check_hyper("adam_update", hyper, (4, 5))
     ty = _check("adam_update", p, m, v, g)
-    same_dtype("adam_update", p, lr_t)
     return ty, ty, ty
 
 
@@ -68,13 +124,14 @@ adam_p.def_cost(_elementwise_cost(12, 7))
 
 
 @adam_p.def_impl
-def _adam_impl(xp, p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
+def _adam_impl(xp, p, m, v, g, hyper):
     dt = p.dtype.type
-    if weight_decay:  # AdamW: decoupled decay with the plain learning rate, before the step
-        p = p - dt(lr * weight_decay) * p
+    lr_t, beta_1, beta_2, epsilon, *decay = _host(hyper)
+    if decay and decay[0]:   # AdamW: decoupled decay with the plain learning rate, first
+        p = p - dt(decay[0]) * p
     m = dt(beta_1) * m + dt(1 - beta_1) * g
     v = dt(beta_2) * v + dt(1 - beta_2) * (g * g)
-    return p - lr_t * m / (xp.sqrt(v) + dt(epsilon)), m, v
+    return p - dt(lr_t) * m / (xp.sqrt(v) + dt(epsilon)), m, v
 
 
 # the fused kernels (runtime/kernel_table.py) update these inputs in place: output -> input
@@ -85,7 +142,7 @@ adam_p.inplace = {0: 0, 1: 1, 2: 2}
 
 # ---------------------------------------------------------------- multi-tensor forms
 # made by passes/fuse.py: one eqn updates every variable of a device. Inputs are grouped per
-# variable (p0 m0 v0 g0 p1 m1 v1 g1 ...) followed by the shared scalars (lr_t); outputs
+# variable (p0 m0 v0 g0 p1 m1 v1 g1 ...) followed by the shared hyper vector; outputs
 # likewise (p0' m0' v0' p1' ...), each updated in place on its input by the kernel.
 
 class MultiTensor:
@@ -131,6 +188,6 @@ class MultiTensor:
                 for j in range(dict(params)["n"]) for o in range(self.outs)}
 
 
-sgd_multi = MultiTensor(sgd_p, 2, 0)
-momentum_multi = MultiTensor(momentum_p, 3, 0)
+sgd_multi = MultiTensor(sgd_p, 2, 1)
+momentum_multi = MultiTensor(momentum_p, 3, 1)
 adam_multi = MultiTensor(adam_p, 4, 1)

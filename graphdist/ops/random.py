@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.errors import ShapeError
-from graphdist.ir.types import ArrayType, as_dtype
+from graphdist.ir.types import ArrayType, as_dtype, is_float
 from graphdist.ops.core import Op, Symbolic, bind
 
 DISTRIBUTIONS = ("uniform", "normal", "truncated_normal")
@@ -25,7 +25,7 @@ def _random_shape(state, rid, *, dist, shape, dtype):
                          f"i32[], got {state} and {rid}")
     if dist not in DISTRIBUTIONS:
         raise ValueError(f"philox_random: dist must be one of {DISTRIBUTIONS}, got {dist!r}")
-    if dtype.kind != "f":
+    if not is_float(dtype):
         raise TypeError(f"philox_random: {dist} draws floats, got dtype {dtype}")
     return ArrayType(shape, dtype)
 

@@ -3,20 +3,48 @@
 apply_gradients emits one update eqn per variable (sgd_update, sgd_momentum_update,
 adam_update) followed by assigns; in a replica context the gradients are first all-reduced
 (unless all_reduce=False), then clipped (clipnorm / global_clipnorm).
+
+Hyper-parameters are optimizer state, as in Keras: float64 scalar variables made in the
+constructor and read inside the step into one `hyper` vector per update, so assigning
+`opt.learning_rate = 0.05` between steps changes the next step without a retrace. A
+learning-rate schedule (or any callable of the step) is evaluated inside the step instead.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from graphdist.distribute.context import get_replica_context
-from graphdist.ops import optim
-from graphdist.ops.array import cast
 from graphdist.distribute.sparse import all_reduce_gradients
-from graphdist.ops.core import bind, current_tracer
-from graphdist.ops.math import (add, divide, maximum, multiply, power, reduce_sum, sqrt, square,
-                                subtract)
+from graphdist.ir.types import is_float
+from graphdist.ops import optim
+from graphdist.ops.array import cast, fill_p
+from graphdist.ops.clip import clip_by_global_norm
+from graphdist.ops.core import Symbolic, bind, current_tracer
+from graphdist.ops.math import divide, multiply, power, sqrt, subtract
+from graphdist.optimizers.schedules import LearningRateSchedule
 from graphdist.variables import Variable
+
+
+class _Hyper:
+    """A hyper-parameter: reading gives its float64 Variable (for the learning rate, the
+    schedule if one was given); assigning a number writes that variable, after checking it,
+    so the next step uses the new value without a retrace."""
+
+    def __set_name__(self, owner, name: str):
+        self.name = name
+
+    def __get__(self, opt, owner=None):
+        if opt is None:
+            return self
+        if self.name == "learning_rate" and opt._schedule is not None:
+            return opt._schedule
+        return opt._hyper[self.name]
+
+    def __set__(self, opt, value):
+        opt._set_hyper(self.name, value)
 
 
 class Optimizer:
@@ -34,8 +62,70 @@ class Optimizer:
         self.clipnorm = _positive(f"{name}: clipnorm", clipnorm)
         self.global_clipnorm = _positive(f"{name}: global_clipnorm", global_clipnorm)
         self.iterations = Variable(np.int64(0), name=f"{name}/iterations", trainable=False)
+        self._hyper: dict = {}          # name -> float64 scalar Variable, read in each step
+        self._schedule = None           # a learning-rate schedule or callable of the step
         self._slots: dict = {}
         self._eager_steps: dict = {}
+
+    # ------------------------------------------------------------ hyper-parameters
+    def _build_hyper(self, **values) -> None:
+        """Make the hyper-parameter variables; in the constructor, so that under a strategy
+        scope they are mirrored like `iterations`."""
+        for name, value in values.items():
+            if name == "learning_rate" and _is_schedule(value):
+                self._schedule = value
+            elif isinstance(value, Variable):
+                self._hyper[name] = self._own_variable(name, value)
+            else:
+                self._hyper[name] = Variable(np.float64(self._checked(name, value)),
+                                             name=f"{self.name}/{name}", trainable=False)
+
+    def _own_variable(self, name: str, var: Variable) -> Variable:
+        # a user's scalar float Variable serves as the hyper-parameter itself (shared state)
+        if var.shape != () or not is_float(var.dtype):
+            raise TypeError(f"{self.name}: {name} as a Variable must be a float scalar, got "
+                            f"shape {var.shape} {var.dtype}")
+        if var.devices != self.iterations.devices:
+            raise ValueError(f"{self.name}: {name} variable lives on {list(var.devices)}, the "
+                             f"optimizer on {list(self.iterations.devices)}; create both under "
+                             "the same strategy scope")
+        self._checked(name, var.numpy())
+        return var
+
+    def _checked(self, name: str, value) -> float:
+        try:
+            value = float(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise TypeError(f"{self.name}: {name} must be a number, got "
+                            f"{type(value).__name__}") from None
+        if not (np.isfinite(value) and value >= 0):
+            raise ValueError(f"{self.name}: {name} must be a finite non-negative number, got "
+                             f"{value}")
+        if name in ("beta_1", "beta_2") and not value < 1:
+            raise ValueError(f"{self.name}: {name} must be < 1, got {value}")
+        return value
+
+    def _set_hyper(self, name: str, value) -> None:
+        if name == "learning_rate" and (self._schedule is not None or _is_schedule(value)):
+            raise TypeError(
+                f"{self.name}: the learning rate was given as a "
+                f"{'schedule' if self._schedule is not None else 'number'} when the optimizer "
+                "was made and stays one (a compiled step keeps what it traced); make a new "
+                "optimizer to switch between a number and a schedule, or assign numbers")
+        var = self._hyper[name]
+        if current_tracer() is not None and isinstance(value, Symbolic):
+            var.assign(cast(value, var.dtype))        # in traced code: unchecked, as assign
+            return
+        var.assign(np.asarray(self._checked(name, value), var.dtype))
+
+    def _read_hyper(self, name: str):
+        """The hyper-parameter for this update as a float64 scalar tensor: the learning rate
+        of a schedule at the iteration count before the update (Keras's convention), else
+        the variable's value."""
+        if name == "learning_rate" and self._schedule is not None:
+            return _float64_scalar(_call_schedule(self._schedule, self.iterations.read_value()),
+                                   "the learning rate schedule's value")
+        return _float64_scalar(self._hyper[name].read_value(), name)
 
     def slot(self, var: Variable, name: str) -> Variable:
         """The optimizer's `name` slot for `var` (a zero-initialized mirrored variable)."""
@@ -99,28 +189,51 @@ class Optimizer:
 
     def _clip(self, pairs) -> list:
         """Keras's clipnorm (each gradient to norm <= clipnorm) and global_clipnorm (all of
-        them scaled together to a global norm <= global_clipnorm): g * c / max(norm, c)."""
-        if self.clipnorm is None and self.global_clipnorm is None:
-            return pairs
-        # sums of squares in float32 at least (float16 squares overflow), float64 if any is
-        norm_dtype = np.result_type(np.float32, *(v.dtype for _, v in pairs))
-        squares = [reduce_sum(square(cast(g, norm_dtype))) for g, _ in pairs]
+        them scaled together to a global norm <= global_clipnorm): g * c / max(norm, c),
+        through gd.clip_by_global_norm (norms in float32 at least, float64 if any is)."""
         if self.clipnorm is not None:
-            limit = self.clipnorm
-            scales = [divide(limit, maximum(sqrt(s), limit)) for s in squares]
+            grads = [clip_by_global_norm([g], self.clipnorm)[0][0] for g, _ in pairs]
+        elif self.global_clipnorm is not None:
+            grads = clip_by_global_norm([g for g, _ in pairs], self.global_clipnorm)[0]
         else:
-            limit = self.global_clipnorm
-            total = squares[0]
-            for s in squares[1:]:
-                total = add(total, s)
-            scales = [divide(limit, maximum(sqrt(total), limit))] * len(pairs)
-        return [(multiply(g, cast(scale, v.dtype)), v) for (g, v), scale in zip(pairs, scales)]
+            return pairs
+        return [(g, v) for g, (_, v) in zip(grads, pairs)]
 
     def _apply(self, pairs, step) -> None:
         raise NotImplementedError
 
     def variables(self) -> list:
-        return [self.iterations, *self._slots.values()]
+        """iterations, the hyper-parameter variables, then the slots."""
+        return [self.iterations, *self._hyper.values(), *self._slots.values()]
+
+
+def _is_schedule(value) -> bool:
+    return isinstance(value, LearningRateSchedule) or (
+        callable(value) and not isinstance(value, (Variable, Symbolic)))
+
+
+def _call_schedule(fn, step):
+    """fn(step); a callable that takes no argument (Keras's legacy form) is called bare."""
+    if not isinstance(fn, LearningRateSchedule):
+        try:
+            inspect.signature(fn).bind(step)
+        except TypeError:
+            return fn()
+        except ValueError:          # no signature to inspect (a builtin): pass the step
+            pass
+    return fn(step)
+
+
+def _float64_scalar(x, what: str):
+    if isinstance(x, Variable):
+        x = x.read_value()
+    if isinstance(x, Symbolic):
+        if tuple(x.shape) != ():
+            raise ValueError(f"optimizer: {what} must be a scalar, got shape {tuple(x.shape)}")
+        return cast(x, "float64")
+    # a constant (a callable returning a number): made on the step's device, where the
+    # hyper vector is assembled
+    return bind(fill_p, shape=(), dtype=np.dtype("float64"), value=float(x))
 
 
 def _positive(name: str, value) -> float | None:
@@ -132,89 +245,108 @@ def _positive(name: str, value) -> float | None:
     return value
 
 
-def _float(name: str, value) -> float:
-    value = float(value)
-    if value < 0 or not np.isfinite(value):
-        raise ValueError(f"{name} must be a finite non-negative number, got {value}")
-    return value
-
-
 class SGD(Optimizer):
     """p -= lr * (g + weight_decay*p), with optional (Nesterov) momentum, as torch.optim.SGD.
+    learning_rate, momentum and weight_decay may be assigned between steps; whether there is
+    momentum at all (a slot per variable) is fixed by the constructor.
 
     >>> opt = gd.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    >>> opt.learning_rate = 0.05              # the next step uses it, no retrace
     """
+
+    learning_rate = _Hyper()
+    momentum = _Hyper()
+    weight_decay = _Hyper()
 
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, weight_decay=0.0,
                  gradient_reduction="mean", clipnorm=None, global_clipnorm=None, name="SGD"):
         super().__init__(name, gradient_reduction, clipnorm, global_clipnorm)
-        self.learning_rate = _float("learning_rate", learning_rate)
-        self.momentum = _float("momentum", momentum)
         self.nesterov = bool(nesterov)
-        self.weight_decay = _float("weight_decay", weight_decay)
-        if self.nesterov and not self.momentum:
+        given = momentum.numpy() if isinstance(momentum, Variable) else momentum
+        self._uses_momentum = self._checked("momentum", given) > 0
+        if self.nesterov and not self._uses_momentum:
             raise ValueError("SGD: nesterov=True needs momentum > 0")
+        self._build_hyper(learning_rate=learning_rate, momentum=momentum,
+                          weight_decay=weight_decay)
+
+    def _checked(self, name: str, value) -> float:
+        value = super()._checked(name, value)
+        if name == "momentum" and value > 0 and not getattr(self, "_uses_momentum", True):
+            raise ValueError(f"{self.name}: made with momentum=0, so it has no momentum "
+                             f"buffers; momentum={value} needs an optimizer made with "
+                             "momentum > 0")
+        return value
 
     def _apply(self, pairs, step) -> None:
+        lr, weight_decay = self._read_hyper("learning_rate"), self._read_hyper("weight_decay")
+        if self._uses_momentum:
+            hyper = bind(optim.hyper_p, lr, self._read_hyper("momentum"), weight_decay)
+        else:
+            hyper = bind(optim.hyper_p, lr, weight_decay)
         for g, v in pairs:
-            if self.momentum:
+            if self._uses_momentum:
                 m = self.slot(v, "momentum")
-                new_v, new_m = bind(optim.momentum_p, v, m, g, lr=self.learning_rate,
-                                    momentum=self.momentum, nesterov=self.nesterov,
-                                    weight_decay=self.weight_decay)
+                new_v, new_m = bind(optim.momentum_p, v, m, g, hyper, nesterov=self.nesterov)
                 m.assign_synced(new_m)
             else:
-                new_v = bind(optim.sgd_p, v, g, lr=self.learning_rate,
-                             weight_decay=self.weight_decay)
+                new_v = bind(optim.sgd_p, v, g, hyper)
             v.assign_synced(new_v)
+
+
+def _no_weight_decay(opt, value):
+    raise AttributeError(f"{opt.name}: Adam has no weight decay; use gd.optimizers.AdamW")
 
 
 class Adam(Optimizer):
     """Adam with TF's epsilon placement: p -= lr_t * m / (sqrt(v) + eps),
-    lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t).
+    lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t). learning_rate, beta_1, beta_2 and epsilon may
+    be assigned between steps.
 
     >>> opt = gd.optimizers.Adam(learning_rate=1e-3)
     """
 
-    weight_decay = 0.0
+    learning_rate = _Hyper()
+    beta_1 = _Hyper()
+    beta_2 = _Hyper()
+    epsilon = _Hyper()
+    weight_decay = property(lambda self: 0.0, _no_weight_decay)
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  gradient_reduction="mean", clipnorm=None, global_clipnorm=None, name="Adam"):
         super().__init__(name, gradient_reduction, clipnorm, global_clipnorm)
-        self.learning_rate = _float("learning_rate", learning_rate)
-        self.beta_1 = _float("beta_1", beta_1)
-        self.beta_2 = _float("beta_2", beta_2)
-        self.epsilon = _float("epsilon", epsilon)
-        if not (self.beta_1 < 1 and self.beta_2 < 1):
-            raise ValueError(f"{name}: betas must be < 1, got {beta_1}, {beta_2}")
+        self._build_hyper(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                          epsilon=epsilon)
 
     def _apply(self, pairs, step) -> None:
         t = cast(step, "float64")
-        lr_t64 = divide(self.learning_rate * sqrt(subtract(1.0, power(self.beta_2, t))),
-                        subtract(1.0, power(self.beta_1, t)))
-        lr_t = {}
+        lr, beta_1, beta_2, epsilon = (self._read_hyper(name) for name in
+                                       ("learning_rate", "beta_1", "beta_2", "epsilon"))
+        lr_t = divide(multiply(lr, sqrt(subtract(1.0, power(beta_2, t)))),
+                      subtract(1.0, power(beta_1, t)))
+        parts = [lr_t, beta_1, beta_2, epsilon]
+        if "weight_decay" in self._hyper:     # AdamW: the decay rate lr * weight_decay
+            parts.append(multiply(lr, self._read_hyper("weight_decay")))
+        hyper = bind(optim.hyper_p, *parts)
         for g, v in pairs:
-            if v.dtype not in lr_t:
-                lr_t[v.dtype] = cast(lr_t64, v.dtype)
             m, s = self.slot(v, "m"), self.slot(v, "v")
-            new_v, new_m, new_s = bind(optim.adam_p, v, m, s, g, lr_t[v.dtype],
-                                       lr=self.learning_rate, beta_1=self.beta_1,
-                                       beta_2=self.beta_2, epsilon=self.epsilon,
-                                       weight_decay=self.weight_decay)
+            new_v, new_m, new_s = bind(optim.adam_p, v, m, s, g, hyper)
             v.assign_synced(new_v)
             m.assign_synced(new_m)
             s.assign_synced(new_s)
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay: p -= lr * weight_decay * p, then the Adam step."""
+    """Adam with decoupled weight decay: p -= lr * weight_decay * p, then the Adam step;
+    weight_decay may be assigned between steps too."""
+
+    weight_decay = _Hyper()
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  weight_decay=0.004, gradient_reduction="mean", clipnorm=None,
                  global_clipnorm=None, name="AdamW"):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, gradient_reduction, clipnorm,
                          global_clipnorm, name)
-        self.weight_decay = _float("weight_decay", weight_decay)
+        self._build_hyper(weight_decay=weight_decay)
 
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer"]

@@ -1,8 +1,8 @@
 """Fusing optimizer work.
 
-fuse_optimizer: a device's per-variable optimizer updates that share an op, its
-hyper-parameters, shared scalars (lr_t) and dtype become one multi-tensor eqn, so one
-kernel launch updates every parameter (and the placed graph and profile show it so).
+fuse_optimizer: a device's per-variable optimizer updates that share an op, its params,
+the hyper-parameter vector (one per optimizer step) and dtype become one multi-tensor eqn,
+so one kernel launch updates every parameter (and the placed graph and profile show it so).
 
 fuse_reduce_update: on logical CPU devices, a gradient bucket's all-reduce and every
 replica's multi-tensor update become one node that streams the buckets once.

@@ -19,51 +19,65 @@ import functools
 
 import numpy as np
 
+from graphdist.ir.types import LOW_PRECISION
+
 # ---------------------------------------------------------------- optimizer updates (CPU)
+# `hyper` is the update's float64 hyper-parameter vector (graphdist/ops/optim.py); the CPU
+# kernels take its entries as Python floats and round them to the parameters' dtype
 
 
-def sgd_cpu(p, g, *, lr, weight_decay):
+def _adam_hyper(hyper) -> list:
+    lr_t, beta_1, beta_2, epsilon, *decay = hyper.tolist()
+    return [lr_t, beta_1, beta_2, epsilon, decay[0] if decay else 0.0]
+
+
+def sgd_cpu(p, g, hyper):
     from graphdist.kernels.sgd import sgd_cpu
 
+    lr, weight_decay = hyper.tolist()
     sgd_cpu(p, g, None, lr, 0.0, False, weight_decay)
 
 
-def momentum_cpu(p, m, g, *, lr, momentum, nesterov, weight_decay):
+def momentum_cpu(p, m, g, hyper, *, nesterov):
     from graphdist.kernels.sgd import sgd_cpu
 
+    lr, momentum, weight_decay = hyper.tolist()
     sgd_cpu(p, g, m, lr, momentum, nesterov, weight_decay)
 
 
-def adam_cpu(p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
+def adam_cpu(p, m, v, g, hyper):
     from graphdist.kernels.adam import adam_cpu
 
-    adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, lr * weight_decay)
+    adam_cpu(p, g, m, v, *_adam_hyper(hyper))
 
 
-# multi-tensor forms: inputs grouped per variable (p0 m0 v0 g0 p1 ...), then shared scalars
+# multi-tensor forms: inputs grouped per variable (p0 m0 v0 g0 p1 ...), then the hyper vector
 
-def sgd_multi_cpu(*arrays, n, lr, weight_decay):
+def sgd_multi_cpu(*arrays, n):
     from graphdist.kernels.sgd import sgd_multi_cpu
 
+    lr, weight_decay = arrays[2 * n].tolist()
     sgd_multi_cpu(arrays[0:2 * n:2], arrays[1:2 * n:2], None, lr, 0.0, False, weight_decay)
 
 
-def momentum_multi_cpu(*arrays, n, lr, momentum, nesterov, weight_decay):
+def momentum_multi_cpu(*arrays, n, nesterov):
     from graphdist.kernels.sgd import sgd_multi_cpu
 
+    lr, momentum, weight_decay = arrays[3 * n].tolist()
     sgd_multi_cpu(arrays[0:3 * n:3], arrays[2:3 * n:3], arrays[1:3 * n:3], lr, momentum,
                   nesterov, weight_decay)
 
 
-def adam_multi_cpu(*arrays, n, lr, beta_1, beta_2, epsilon, weight_decay):
+def adam_multi_cpu(*arrays, n):
     from graphdist.kernels.adam import adam_multi_cpu
 
     adam_multi_cpu(arrays[0:4 * n:4], arrays[3:4 * n:4], arrays[1:4 * n:4], arrays[2:4 * n:4],
-                   arrays[4 * n], beta_1, beta_2, epsilon, lr * weight_decay)
+                   *_adam_hyper(arrays[4 * n]))
 
 
 # ---------------------------------------------------------------- optimizer updates (GPU)
-# launched on the stream of the device running the node, in place on the donated buffers
+# launched on the stream of the device running the node, in place on the donated buffers;
+# the kernels read the hyper vector on the device (no host sync)
 
 def _stream():
     from graphdist.device.gpu import current_numba_stream
@@ -71,39 +85,37 @@ def _stream():
     return current_numba_stream()
 
 
-def sgd_multi_gpu(*arrays, n, lr, weight_decay):
+def sgd_multi_gpu(*arrays, n):
     from graphdist.kernels.sgd import sgd_multi_gpu
 
-    sgd_multi_gpu(arrays[0:2 * n:2], arrays[1:2 * n:2], None, lr, 0.0, False, weight_decay,
-                  stream=_stream())
+    sgd_multi_gpu(arrays[0:2 * n:2], arrays[1:2 * n:2], None, stream=_stream(),
+                  hyper=arrays[2 * n])
 
 
-def momentum_multi_gpu(*arrays, n, lr, momentum, nesterov, weight_decay):
+def momentum_multi_gpu(*arrays, n, nesterov):
     from graphdist.kernels.sgd import sgd_multi_gpu
 
-    sgd_multi_gpu(arrays[0:3 * n:3], arrays[2:3 * n:3], arrays[1:3 * n:3], lr, momentum,
-                  nesterov, weight_decay, stream=_stream())
+    sgd_multi_gpu(arrays[0:3 * n:3], arrays[2:3 * n:3], arrays[1:3 * n:3], nesterov=nesterov,
+                  stream=_stream(), hyper=arrays[3 * n])
 
 
-def adam_multi_gpu(*arrays, n, lr, beta_1, beta_2, epsilon, weight_decay):
+def adam_multi_gpu(*arrays, n):
     from graphdist.kernels.adam import adam_multi_gpu
 
     adam_multi_gpu(arrays[0:4 * n:4], arrays[3:4 * n:4], arrays[1:4 * n:4], arrays[2:4 * n:4],
-                   arrays[4 * n], beta_1, beta_2, epsilon, lr * weight_decay, stream=_stream())
+                   stream=_stream(), hyper=arrays[4 * n])
 
 
-def sgd_gpu(p, g, *, lr, weight_decay):
-    sgd_multi_gpu(p, g, n=1, lr=lr, weight_decay=weight_decay)
+def sgd_gpu(p, g, hyper):
+    sgd_multi_gpu(p, g, hyper, n=1)
 
 
-def momentum_gpu(p, m, g, *, lr, momentum, nesterov, weight_decay):
-    momentum_multi_gpu(p, m, g, n=1, lr=lr, momentum=momentum, nesterov=nesterov,
-                       weight_decay=weight_decay)
+def momentum_gpu(p, m, g, hyper, *, nesterov):
+    momentum_multi_gpu(p, m, g, hyper, n=1, nesterov=nesterov)
 
 
-def adam_gpu(p, m, v, g, lr_t, *, lr, beta_1, beta_2, epsilon, weight_decay):
-    adam_multi_gpu(p, m, v, g, lr_t, n=1, lr=lr, beta_1=beta_1, beta_2=beta_2,
-                   epsilon=epsilon, weight_decay=weight_decay)
+def adam_gpu(p, m, v, g, hyper):
+    adam_multi_gpu(p, m, v, g, hyper, n=1)
 
 
 # ---------------------------------------------------------------- collectives (CPU)
@@ -134,21 +146,25 @@ def host_all_reduce_cpu(outs, *xs, op):
         numba.set_num_threads(before)
 
 
-def reduce_update_cpu(*ins, update, reduce, offsets, replicas, n, **hyper):
+def reduce_update_cpu(*ins, update, reduce, offsets, replicas, n, **params):
     """The fused all-reduce + every replica's optimizer update (updated in place)."""
     from graphdist.kernels.reduce_update import reduce_adam_cpu, reduce_sgd_cpu
     from graphdist.ops.host_collectives import update_inputs
 
-    bufs, lists, rates = update_inputs(ins, update, replicas, n)
+    bufs, lists, hypers = update_inputs(ins, update, replicas, n)
+    # every replica's hyper vector holds the same numbers (made from mirrored variables by
+    # the same ops): replica 0's serve all, but Adam's rate is taken per replica as before
     if update == "adam_multi_update":
-        reduce_adam_cpu(bufs, offsets, *lists, rates, reduce, hyper["beta_1"], hyper["beta_2"],
-                        hyper["epsilon"], hyper["lr"] * hyper["weight_decay"])
+        rates = [h.tolist()[0] for h in hypers]
+        _, beta_1, beta_2, epsilon, decay = _adam_hyper(hypers[0])
+        reduce_adam_cpu(bufs, offsets, *lists, rates, reduce, beta_1, beta_2, epsilon, decay)
     elif update == "sgd_momentum_multi_update":
-        reduce_sgd_cpu(bufs, offsets, lists[0], lists[1], reduce, hyper["lr"], hyper["momentum"],
-                       hyper["nesterov"], hyper["weight_decay"])
+        lr, momentum, weight_decay = hypers[0].tolist()
+        reduce_sgd_cpu(bufs, offsets, lists[0], lists[1], reduce, lr, momentum,
+                       params["nesterov"], weight_decay)
     else:
-        reduce_sgd_cpu(bufs, offsets, lists[0], None, reduce, hyper["lr"], 0.0, False,
-                       hyper["weight_decay"])
+        lr, weight_decay = hypers[0].tolist()
+        reduce_sgd_cpu(bufs, offsets, lists[0], None, reduce, lr, 0.0, False, weight_decay)
 
 
 def nccl_all_reduce_gpu(outs, *xs, op, devices):
@@ -200,18 +216,103 @@ def max_pool2d_grad_cpu(dx, x, y, dy, *, ksize, strides, padding):
     max_pool_grad_cpu(x, y, dy, dx, ksize, strides, (pads[0][0], pads[1][0]))
 
 
+# ---------------------------------------------------------------- row-sparse values (CPU)
+
+
+def scatter_rows_cpu(out, indices, rows, *, shape):
+    """Whole rows at a time (np.add.at goes element by element, ~20x slower)."""
+    from graphdist.kernels.sparse import scatter_rows_cpu
+    from graphdist.ops.sparse import check_rows
+
+    check_rows("scatter_rows", np, indices, shape[0])
+    scatter_rows_cpu(out, indices, rows)
+
+
+def sum_duplicates_cpu(outs, indices, rows):
+    from graphdist.kernels.sparse import sum_duplicates_cpu
+
+    sum_duplicates_cpu(outs, indices, rows)
+
+
+# ---------------------------------------------------------------- transformer blocks (CPU)
+
+
+def gelu_cpu(out, x, *, approximate):
+    """The exact gelu in one parallel pass with the C library's erfc (5 ms for 32x64x512
+    float32 on 2 cores; numpy's reference, erfc from array passes: 62 ms); the tanh form
+    stays with numpy, which is faster at it (6 ms vs 8 ms)."""
+    from graphdist.kernels.gelu import gelu_cpu
+    from graphdist.ops import OPS
+
+    if approximate or not gelu_cpu(x, out, False):
+        OPS["gelu"].out_impl(np, out, x, approximate=approximate)
+
+
+def gelu_grad_cpu(out, ct, x, *, approximate):
+    from graphdist.kernels.gelu import gelu_grad_cpu
+    from graphdist.ops import OPS
+
+    if approximate or not gelu_grad_cpu(ct, x, out, False):
+        OPS["gelu_grad"].out_impl(np, out, ct, x, approximate=approximate)
+
+
+def layer_norm_cpu(out, x, *affine, naxes, epsilon, scale, center):
+    """One parallel pass over the rows (numpy's reference: about ten array passes)."""
+    from graphdist.kernels.layer_norm import layer_norm_cpu
+    from graphdist.ops import OPS
+
+    gamma, beta = affine[0] if scale else None, affine[-1] if center else None
+    if not layer_norm_cpu(x, gamma, beta, epsilon, naxes, out):
+        out[...] = OPS["layer_norm"].impl(np, x, *affine, naxes=naxes, epsilon=epsilon,
+                                          scale=scale, center=center)
+
+
+def layer_norm_grad_cpu(outs, ct, x, *gamma, naxes, epsilon, scale, center):
+    """dx in one pass over the rows, dgamma and dbeta in one over column blocks."""
+    from graphdist.kernels.layer_norm import layer_norm_grad_cpu
+    from graphdist.ops import OPS
+
+    outs = outs if isinstance(outs, tuple) else (outs,)      # dx alone: one buffer
+    dx, *rest = outs
+    dgamma = rest.pop(0) if scale else None
+    dbeta = rest.pop(0) if center else None
+    if not layer_norm_grad_cpu(ct, x, gamma[0] if scale else None, epsilon, naxes, dx, dgamma,
+                               dbeta):
+        made = OPS["layer_norm_grad"].impl(np, ct, x, *gamma, naxes=naxes, epsilon=epsilon,
+                                           scale=scale, center=center)
+        for out, value in zip(outs, made):
+            out[...] = value
+
+
 # ---------------------------------------------------------------- the tables
 
 
-def kernel(backend, op):
-    """The kernel that runs `op` on `backend`'s device kind, if one is listed."""
-    return KERNELS.get((backend.kind, op.name))
+def _compiled_dtypes(types) -> bool:
+    # the Numba kernels compile for float32/float64 (and ints, bool): float16 and bfloat16
+    # operands take the op's generic numpy impl
+    return not any(t.dtype in LOW_PRECISION for t in types)
 
 
-def out_impl(backend, op):
+def kernel(backend, op, types=()):
+    """The kernel that runs `op` on `backend`'s device kind, if one is listed for operands of
+    these types (ArrayTypes of the inputs and outputs)."""
+    return KERNELS.get((backend.kind, op.name)) if _compiled_dtypes(types) else None
+
+
+def out_kernel(backend, op, types=(), fused=True):
+    """The OUT_KERNELS entry for `op` on `backend`'s device kind and these operand types, if
+    any. fused=False (gd.config.set_fused_kernels(False)) passes over the kernels of all but
+    collectives (whose CPU lowering the kernel is): every op then runs its numpy form."""
+    if not (fused or op.collective) or not _compiled_dtypes(types):
+        return None
+    return OUT_KERNELS.get((backend.kind, op.name))
+
+
+def out_impl(backend, op, types=(), fused=True):
     """`fn(out, *inputs, **params)` writing `op`'s result into `out`: a kernel listed for the
-    backend's device kind, else the op's generic out_impl on the backend's array module."""
-    fn = OUT_KERNELS.get((backend.kind, op.name))
+    backend's device kind (and these operand types), else the op's generic out_impl on the
+    backend's array module."""
+    fn = out_kernel(backend, op, types, fused)
     if fn is None and op.out_impl is not None:
         fn = functools.partial(op.out_impl, backend.xp)
     return fn
@@ -240,4 +341,10 @@ OUT_KERNELS = {
     ("cpu", "relu_grad"): relu_grad_cpu,
     ("cpu", "max_pool2d"): max_pool2d_cpu,
     ("cpu", "max_pool2d_grad"): max_pool2d_grad_cpu,
+    ("cpu", "gelu"): gelu_cpu,
+    ("cpu", "gelu_grad"): gelu_grad_cpu,
+    ("cpu", "layer_norm"): layer_norm_cpu,
+    ("cpu", "layer_norm_grad"): layer_norm_grad_cpu,
+    ("cpu", "scatter_rows"): scatter_rows_cpu,
+    ("cpu", "sum_duplicates"): sum_duplicates_cpu,
 }

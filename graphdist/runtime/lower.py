@@ -16,6 +16,7 @@ import numpy as np
 
 from graphdist import config
 from graphdist.ir import Graph, Lit, Var
+from graphdist.ir.types import LOW_PRECISION
 from graphdist.ir.liveness import liveness
 from graphdist.device.backends import Backend, backend_for
 from graphdist.runtime.program import Program, compile_program
@@ -207,8 +208,13 @@ class _Lowering:
         if op.view and self.static_view(eqn, backend, params):
             return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
-        kernel = kernel_table.kernel(backend, op) if (self.fused or not op.inplace) else None
-        out_impl = kernel_table.out_impl(backend, op)
+        types = [v.ty for v in (*eqn.inputs, *eqn.outputs)]
+        kernel = (kernel_table.kernel(backend, op, types) if (self.fused or not op.inplace)
+                  else None)
+        out_impl = kernel_table.out_impl(backend, op, types, self.fused)
+        # a listed kernel of an op with several outputs writes them all, small ones too
+        listed = (not op.collective
+                  and kernel_table.out_kernel(backend, op, types, self.fused) is not None)
         if kernel is not None and op.inplace:
             self.lower_inplace(i, eqn, kernel, params)
             return
@@ -217,9 +223,12 @@ class _Lowering:
         # buffer plus a copy
         big = (not more and out.ty.nbytes >= ARENA_MIN_BYTES and not op.view
                and out not in self.returned)
-        if big and op.ufunc:
+        # a float16/bfloat16 matmul runs its impl (float32 accumulation), not numpy's ufunc
+        ufunc = None if op.accumulates and any(t.dtype in LOW_PRECISION for t in types) \
+            else op.ufunc
+        if big and ufunc:
             buf = self.buffer_for(eqn, i, out)
-            fn = self.glob("U", getattr(xp, op.ufunc))
+            fn = self.glob("U", getattr(xp, ufunc))
             self.emit(f"{fn}({args}, out={buf})", eqn)
             self.bind_buffer(out, buf)
         elif big and out_impl is not None:
@@ -228,7 +237,8 @@ class _Lowering:
             self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
             self.bind_buffer(out, buf)
         elif more and (kernel is not None or out_impl is not None and not op.elementwise
-                       and all(v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs)):
+                       and (listed or all(v.ty.nbytes >= ARENA_MIN_BYTES
+                                          for v in eqn.outputs))):
             # several outputs: out_impl(xp, (out0, out1, ...), *ins), or the device's kernel
             bufs = [self.fresh_buffer(v) if v in self.returned else self.buffer_for(eqn, i, v, k)
                     for k, v in enumerate(eqn.outputs)]
@@ -242,7 +252,7 @@ class _Lowering:
                 else:
                     self.bind_buffer(v, buf)
         else:
-            fn = (self.glob("U", getattr(xp, op.ufunc)) if op.ufunc and not params
+            fn = (self.glob("U", getattr(xp, ufunc)) if ufunc and not params
                   else self.glob("F", functools.partial(op.impl, xp, **params)))
             names = [f"v{next(self.counter)}" for _ in eqn.outputs]
             target = names[0] if op.num_outputs == 1 else ", ".join(names) + ","

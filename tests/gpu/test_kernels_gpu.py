@@ -106,16 +106,53 @@ def test_multi_tensor_launches_cover_more_tensors_than_one_group():
     refs = [(_randn(rng, s, dtype), np.zeros(s, dtype), np.zeros(s, dtype)) for s in shapes]
     gs = [_randn(rng, s, dtype) for s in shapes]
     ps, ms, vs = ([cuda.to_device(r[k]) for r in refs] for k in range(3))
-    lr_t = cuda.to_device(np.array([1e-2], dtype))    # on the device, as a compiled step has it
-    adam.adam_multi_gpu(ps, [cuda.to_device(g) for g in gs], ms, vs, lr_t, 0.9, 0.999, 1e-7)
+    # the hyper-parameters on the device, as a compiled step has them: [lr_t, b1, b2, eps]
+    hyper = cuda.to_device(np.array([1e-2, 0.9, 0.999, 1e-7]))
+    adam.adam_multi_gpu(ps, [cuda.to_device(g) for g in gs], ms, vs, hyper=hyper)
     sgd_ps = [cuda.to_device(r[0]) for r in refs]
-    sgd.sgd_multi_gpu(sgd_ps, [cuda.to_device(g) for g in gs], None, lr=0.1)
+    sgd.sgd_multi_gpu(sgd_ps, [cuda.to_device(g) for g in gs], None,
+                      hyper=cuda.to_device(np.array([0.1, 0.0])))      # [lr, weight_decay]
     cuda.synchronize()
     for k, ((p, m, v), g) in enumerate(zip(refs, gs)):
         for actual, expected in zip((ps[k], ms[k], vs[k]),
                                     adam.adam_ref(p, g, m, v, 1e-2, 0.9, 0.999, 1e-7)):
             _close(actual, expected)
         _close(sgd_ps[k], sgd.sgd_ref(p, g, None, lr=0.1)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_device_hyper_vector_gives_the_host_numbers_bits(dtype):
+    """The float64 hyper vector a compiled step passes is rounded on the device to the same
+    numbers the host rounds: SGD momentum ([lr, momentum, wd]) and AdamW ([.., lr * wd]); a
+    momentum of 0 in the momentum layout is plain SGD and leaves the buffer alone."""
+    rng, shapes = np.random.default_rng(7), [(3, 4), (SIZES[-1],)]
+    host = [(_randn(rng, s, dtype), _randn(rng, s, dtype), np.abs(_randn(rng, s, dtype)))
+            for s in shapes]
+    gs = [_randn(rng, s, dtype) for s in shapes]
+
+    def run(kind, hyper=None, **numbers):
+        arrays = [[cuda.to_device(x) for x in h] for h in host]
+        ps, ms, vs = ([a[k] for a in arrays] for k in range(3))
+        grads = [cuda.to_device(g) for g in gs]
+        if kind == "sgd":
+            sgd.sgd_multi_gpu(ps, grads, ms, nesterov=True, hyper=hyper, **numbers)
+        else:
+            adam.adam_multi_gpu(ps, grads, ms, vs, hyper=hyper, **numbers)
+        cuda.synchronize()
+        return [x.copy_to_host() for a in arrays for x in a]
+
+    for kind, values, numbers in [
+            ("sgd", [0.1, 0.9, 0.01], {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+            ("adam", [3e-3, 0.8, 0.99, 1e-6, 1e-4],
+             {"lr_t": 3e-3, "beta_1": 0.8, "beta_2": 0.99, "epsilon": 1e-6,
+              "weight_decay_lr": 1e-4})]:
+        on_device = run(kind, hyper=cuda.to_device(np.array(values)))
+        for a, b in zip(on_device, run(kind, **numbers)):
+            np.testing.assert_array_equal(a, b)
+    plain = run("sgd", hyper=cuda.to_device(np.array([0.1, 0.0, 0.0])))
+    for (p, m, _), g, p_new, m_new in zip(host, gs, plain[0::3], plain[1::3]):
+        np.testing.assert_allclose(p_new, sgd.sgd_ref(p, g, None, lr=0.1)[0], **TOL[dtype])
+        np.testing.assert_array_equal(m_new, m)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
