@@ -99,16 +99,16 @@ def _kernel_layouts(cupy, rng, shapes) -> dict:
     from graphdist.kernels.adam import adam_gpu, adam_multi_gpu
 
     with cupy.cuda.Device(0):
-        lr_t = cupy.full(1, LR, np.float32)
+        hyper = cupy.asarray(np.array([LR, B1, B2, EPS]))   # as a compiled step has it
         ps, gs = ([cupy.asarray(rng.standard_normal(n).astype(np.float32) * scale)
                    for n in shapes] for scale in (1.0, 1e-2))
         tensors = [ps, gs, [cupy.zeros(n, np.float32) for n in shapes],
                    [cupy.zeros(n, np.float32) for n in shapes]]        # p, g, m, v
         flat = [cupy.concatenate(ts) for ts in tensors]
     return {"kernel: separate tensors": _synced(lambda: adam_multi_gpu(
-                tensors[0], tensors[1], tensors[2], tensors[3], lr_t, B1, B2, EPS)),
+                tensors[0], tensors[1], tensors[2], tensors[3], hyper=hyper)),
             "kernel: one flat buffer": _synced(lambda: adam_gpu(
-                flat[0], flat[1], flat[2], flat[3], lr_t, B1, B2, EPS))}
+                flat[0], flat[1], flat[2], flat[3], hyper=hyper))}
 
 
 def torch_mlp(x, y):
