@@ -54,11 +54,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     steps, moved, tables = {}, {}, {}
     for path in ("sparse", "dense", "one_hot"):
-        step, batch, table = make_step(path)
+        step, batch, variable = make_step(path)
         step(*batch)                                   # compile
         steps[path] = (lambda s=step, b=batch: s(*b))
         moved[path] = stats(step.replicated_graph)["moved"]
-        tables[path] = table
+        tables[path] = variable
     one, one_batch, _ = make_step("sparse", replicas=1)
     one(*one_batch)
     after = {p: t.numpy() for p, t in tables.items()}     # one step each: the same update

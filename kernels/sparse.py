@@ -50,25 +50,55 @@ def add_rows_cpu(out, indices, rows) -> None:
 
 
 @njit(cache=True, error_model="numpy")
-def _sum_duplicates(indices, rows, out_indices, out_rows):
-    order = np.argsort(indices, kind="mergesort")     # stable: rows keep their order
-    out_rows[:] = 0
-    out_indices[:] = 0
-    u = -1
-    for t in range(order.shape[0]):
-        i = order[t]
-        if u < 0 or indices[i] != out_indices[u]:
-            u += 1
-            out_indices[u] = indices[i]
+def _sub_scaled_rows(out, indices, rows, lr):
+    for i in range(indices.shape[0]):
+        r = indices[i]
         for j in range(rows.shape[1]):
-            out_rows[u, j] += rows[i, j]
+            out[r, j] = out[r, j] + -(lr * rows[i, j])
 
 
-def sum_duplicates_cpu(outs, indices, rows) -> None:
-    """(distinct indices sorted, each with its rows summed in order, then zero rows at index
-    0) into outs = (out_indices, out_rows), as graphdist's sum_duplicates op defines."""
+def sub_scaled_rows_cpu(out, indices, rows, lr) -> None:
+    """out[indices[i]] += -(lr * rows[i]) in order: SGD's sparse update, the same float
+    operations as np.add.at(out, indices, -(lr * rows)). `lr` is of out's dtype."""
+    k = indices.shape[0]
+    if k:
+        _sub_scaled_rows(out.reshape(out.shape[0], -1), np.ascontiguousarray(indices),
+                         _as_rows(rows, k), lr)
+
+
+@njit(cache=True, error_model="numpy")
+def _sum_duplicates(indices, rows, out_indices, out_rows, slot, divisor):
+    """slot[index]: where that index's sum is (-1: not seen yet); reset before returning."""
+    u = 0
+    for i in range(indices.shape[0]):
+        r = indices[i]
+        s = slot[r]
+        if s < 0:                       # first occurrence: 0 + row, as into zeros
+            s = slot[r] = u
+            out_indices[u] = r
+            u += 1
+            for j in range(rows.shape[1]):
+                out_rows[s, j] = 0.0 + rows[i, j]
+        else:
+            for j in range(rows.shape[1]):
+                out_rows[s, j] += rows[i, j]
+    for s in range(u):
+        slot[out_indices[s]] = -1
+        if divisor != 1:
+            for j in range(rows.shape[1]):
+                out_rows[s, j] /= divisor
+    out_indices[u:] = 0
+    out_rows[u:] = 0
+
+
+def sum_duplicates_cpu(outs, indices, rows, divisor=1) -> None:
+    """The distinct indices in first-occurrence order, each with its rows summed in order
+    (then divided by `divisor`), then zero rows at index 0, into outs = (out_indices,
+    out_rows), as graphdist's sum_duplicates op defines. One pass over the rows: a slot
+    table as long as the largest index finds each index's sum (no sort)."""
     out_indices, out_rows = outs
     k = indices.shape[0]
     if k:
+        slot = np.full(int(indices.max()) + 1, -1, np.int64)
         _sum_duplicates(np.ascontiguousarray(indices), _as_rows(rows, k), out_indices,
-                        out_rows.reshape(k, -1))
+                        out_rows.reshape(k, -1), slot, rows.dtype.type(divisor))

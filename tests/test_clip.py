@@ -68,17 +68,16 @@ def test_a_non_finite_norm_gives_nan_as_tf():
     assert np.isinf(norm) and all(np.isnan(c).all() for c in clipped)
 
 
-def test_sparse_entries_are_clipped_through_their_rows():
-    class Slices:            # the fields of gd.IndexedSlices that TF's clipping looks at
-        def __init__(self, indices, values, dense_shape):
-            self.indices, self.values, self.dense_shape = indices, values, dense_shape
-
-    s = Slices(np.array([0, 2]), np.array([[3.0], [0.0]]), (4, 1))
+def test_sparse_entries_are_clipped_through_their_rows_with_repeats_summed():
+    # rows 0 and 2, row 0 twice: the dense value is [[3+1], [0], [2], [0]], norm sqrt(20+16)
+    s = gd.IndexedSlices(np.array([0, 2, 0]), np.array([[3.0], [2.0], [1.0]]), (4, 1))
     (clipped, dense), norm = gd.clip_by_global_norm([s, np.array([4.0])], 1.0)
-    assert isinstance(clipped, Slices) and clipped.indices is s.indices
-    np.testing.assert_allclose(clipped.values, [[0.6], [0.0]])
-    np.testing.assert_allclose(dense, [0.8])
-    assert float(norm) == 5.0
+    want_norm = np.sqrt(16.0 + 4.0 + 16.0)          # TF's sum of the rows' squares: sqrt(30)
+    assert float(norm) == pytest.approx(want_norm, rel=1e-12)
+    assert isinstance(clipped, gd.IndexedSlices) and clipped.dense_shape == (4, 1)
+    np.testing.assert_allclose(np.asarray(clipped), [[4 / want_norm], [0], [2 / want_norm],
+                                                     [0]], rtol=1e-12)
+    np.testing.assert_allclose(dense, [4 / want_norm], rtol=1e-12)
 
 
 def test_bad_arguments():

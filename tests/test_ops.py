@@ -339,11 +339,12 @@ def _scatter_rows(rng):
 
 
 def _sum_duplicates(rng):
-    def ref(i, r):
-        u, inv = np.unique(i, return_inverse=True)
+    def ref(i, r):                 # distinct indices in first-occurrence order, rows summed
+        firsts = [k for k in range(len(i)) if i[k] not in i[:k]]
         rows = np.zeros_like(r)
-        np.add.at(rows, inv, r)
-        return np.concatenate([u, np.zeros(len(i) - len(u), i.dtype)]), rows
+        for slot, k in enumerate(firsts):
+            rows[slot] = r[i == i[k]].sum(axis=0)
+        return np.concatenate([i[firsts], np.zeros(len(i) - len(firsts), i.dtype)]), rows
     return [Case((np.array([7, 2, 7, 0], np.int32), _u(rng, 4, 2)),
                  lambda i, r: bind(OPS["sum_duplicates"], i, r), ref, diff=())]
 

@@ -119,8 +119,8 @@ def test_sum_duplicates_merges_rows_and_pads_with_zero_rows():
     rows = np.arange(10.0).reshape(5, 2)
     s = gd.function(lambda i, r: gd.IndexedSlices(*gd.ops.sparse.sum_duplicates(
         gd.IndexedSlices(i, r, (8, 2))).tree_children(), (8, 2)))(indices, rows)
-    np.testing.assert_array_equal(s.indices, [0, 2, 7, 0, 0])
-    np.testing.assert_array_equal(s.values, [[8, 9], [2, 3], [0 + 4 + 6, 1 + 5 + 7], [0, 0],
+    np.testing.assert_array_equal(s.indices, [7, 2, 0, 0, 0])      # first occurrences
+    np.testing.assert_array_equal(s.values, [[0 + 4 + 6, 1 + 5 + 7], [2, 3], [8, 9], [0, 0],
                                              [0, 0]])
     dense = np.zeros((8, 2))
     np.add.at(dense, indices, rows)
@@ -187,6 +187,43 @@ def test_sparse_training_on_4_replicas_equals_dense_and_one_device(name, batch):
     np.testing.assert_allclose(sparse, one, rtol=1e-5, atol=1e-6)
     ops = {e.op.name for e in step.replicated_graph.eqns}
     assert "host_all_gather" in ops and "sum_duplicates" in ops
+    # plain SGD scatters the rows; with slots the update is dense (every row decays)
+    assert ("sparse_sgd_update" in ops) == (name == "sgd")
+    assert ("scatter_rows" in ops) == (name != "sgd")
+
+
+def _one_device_step(dense, opt, table):
+    def step(ids, targets):
+        with gd.GradientTape() as tape:
+            loss = gd.reduce_mean(gd.reduce_sum(gd.square(_sparse(table, ids) - targets), -1))
+        grad = tape.gradient(loss, table)
+        opt.apply_gradients([(gd.ops.sparse.densify(grad) if dense else grad, table)])
+    return gd.function(step)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_sparse_sgd_is_bit_identical_to_the_dense_update_and_weight_decay_applies(fused,
+                                                                                  batch):
+    ids, targets = batch
+    rng = np.random.default_rng(7)
+    init = rng.standard_normal((V, D)).astype(np.float32)
+    results = []
+    gd.config.set_fused_kernels(fused)
+    try:
+        for dense in (False, True):
+            table, opt = gd.Variable(init.copy()), gd.optimizers.SGD(0.5)
+            step = _one_device_step(dense, opt, table)
+            step(ids, targets)
+            opt.weight_decay = 0.01           # every row decays from now on: no retrace
+            step(ids, targets)
+            assert step.trace_count == 1
+            results.append(table.numpy())
+    finally:
+        gd.config.set_fused_kernels(True)
+    # the first step: sum_duplicates' sums are the dense gradient's; the second step's
+    # weight decay makes the sparse update dense, with the same float operations
+    np.testing.assert_array_equal(results[0], results[1])
+    assert not np.array_equal(results[0][1], init[1])      # decay reached an unlooked-up row
 
 
 def test_the_sparse_collective_moves_fewer_bytes_than_the_dense_one(batch):
@@ -282,7 +319,9 @@ def test_embedding_layer_looks_up_its_table_and_checkpoints(tmp_path):
 
 @pytest.mark.parametrize("dtype,index_dtype", [(np.float32, np.int64), (np.float64, np.int32)])
 def test_row_kernels_match_the_numpy_reference_bit_for_bit(dtype, index_dtype):
-    from graphdist.kernels.sparse import scatter_rows_cpu, sum_duplicates_cpu
+    from graphdist.kernels.sparse import (scatter_rows_cpu, sub_scaled_rows_cpu,
+                                          sum_duplicates_cpu)
+    from graphdist.ops.optim import _sparse_sgd_impl
     from graphdist.ops.sparse import _scatter_rows_impl, _sum_duplicates_impl
 
     rng = np.random.default_rng(6)
@@ -292,8 +331,13 @@ def test_row_kernels_match_the_numpy_reference_bit_for_bit(dtype, index_dtype):
     out = np.full((300, 3, 4), np.nan, dtype)
     scatter_rows_cpu(out, indices, rows)
     np.testing.assert_array_equal(out, _scatter_rows_impl(np, indices, rows, shape=out.shape))
-    outs = (np.empty_like(indices), np.full_like(rows, np.nan))
-    sum_duplicates_cpu(outs, indices, rows)
-    want = _sum_duplicates_impl(np, indices, rows)
-    np.testing.assert_array_equal(outs[0], want[0])
-    np.testing.assert_array_equal(outs[1], want[1])
+    for divisor in (1, 4):
+        outs = (np.empty_like(indices), np.full_like(rows, np.nan))
+        sum_duplicates_cpu(outs, indices, rows, divisor)
+        want = _sum_duplicates_impl(np, indices, rows, divisor=divisor)
+        np.testing.assert_array_equal(outs[0], want[0])
+        np.testing.assert_array_equal(outs[1], want[1])
+    p = rng.standard_normal((300, 3, 4)).astype(dtype)
+    want = _sparse_sgd_impl(np, p, indices, rows, np.array([0.1, 0.0]))
+    sub_scaled_rows_cpu(p, indices, rows, dtype(0.1))
+    np.testing.assert_array_equal(p, want)

@@ -3,7 +3,7 @@
 Dense gradients go through the bucketed all-reduce. A sparse gradient (gd.IndexedSlices,
 from an embedding lookup) is all-gathered instead: every replica receives every replica's
 rows and indices, in replica order, and rows with the same index are summed
-(TF's `_deduplicate_indexed_slices`), then divided by the replica count for a mean. That
+(TF's `_deduplicate_indexed_slices`) and, for a mean, divided by the replica count. That
 moves n x rows x (row + index) bytes into each replica, against the whole table for a
 dense all-reduce, so the rule is simply the smaller of the two:
 
@@ -25,7 +25,6 @@ from graphdist.distribute.values import replica_shapes
 from graphdist.ops.array import concat, zeros
 from graphdist.ops.collectives import all_gather
 from graphdist.ops.core import current_tracer
-from graphdist.ops.math import divide
 from graphdist.ops.sparse import IndexedSlices, densify, sum_duplicates
 
 
@@ -66,9 +65,6 @@ def all_reduce_slices(g: IndexedSlices, op: str, n: int, rows: int) -> IndexedSl
     if short:             # an uneven shard: zero rows at index 0 change no sum
         indices = concat([indices, zeros((short,), indices.dtype)])
         values = concat([values, zeros((short,) + tuple(values.shape[1:]), values.dtype)])
-    merged = sum_duplicates(IndexedSlices(all_gather(indices, n), all_gather(values, n),
-                                          g.dense_shape))
-    if op == "mean":
-        merged = IndexedSlices(merged.indices, divide(merged.values, np.asarray(
-            n, merged.dtype)), g.dense_shape)
-    return merged
+    # a mean divides each distinct row's sum by n, as the dense all-reduce divides its sum
+    return sum_duplicates(IndexedSlices(all_gather(indices, n), all_gather(values, n),
+                                        g.dense_shape), divisor=n if op == "mean" else 1)

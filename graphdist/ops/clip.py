@@ -9,11 +9,17 @@ import numpy as np
 
 from graphdist.ops.array import cast
 from graphdist.ops.math import add, divide, maximum, multiply, reduce_sum, sqrt, square, subtract
+from graphdist.ops.sparse import IndexedSlices, sum_duplicates
+
+
+def _merged(t):
+    # a sparse gradient (gd.IndexedSlices) is clipped through its rows, as TF does, once
+    # repeated indices are summed (TF sums their squares instead, overstating the norm)
+    return sum_duplicates(t) if isinstance(t, IndexedSlices) else t
 
 
 def _values(t):
-    # a sparse gradient (gd.IndexedSlices) is clipped through its rows, as TF does
-    return t.values if hasattr(t, "indices") and hasattr(t, "dense_shape") else t
+    return t.values if isinstance(t, IndexedSlices) else t
 
 
 def norm_dtype(dtypes) -> np.dtype:
@@ -27,7 +33,7 @@ def global_norm(t_list):
     >>> gd.clip_by_global_norm([np.array([3.0]), np.array([4.0])], 10.0)[1]
     array(5.)
     """
-    values = [_values(t) for t in t_list if t is not None]
+    values = [_values(_merged(t)) for t in t_list if t is not None]
     if not values:
         raise ValueError("global_norm: no tensors (every entry is None)")
     dtype = norm_dtype(getattr(v, "dtype", np.float64) for v in values)
@@ -51,7 +57,7 @@ def clip_by_global_norm(t_list, clip_norm, use_norm=None):
     if isinstance(t_list, (str, bytes)) or not isinstance(t_list, Sequence):
         raise TypeError(f"clip_by_global_norm: t_list must be a sequence of tensors, got "
                         f"{type(t_list).__name__}")
-    t_list = list(t_list)
+    t_list = [None if t is None else _merged(t) for t in t_list]
     norm = global_norm(t_list) if use_norm is None else use_norm
     if isinstance(clip_norm, (int, float, np.number)):   # a number takes the norm's dtype
         clip_norm = float(clip_norm)
@@ -67,7 +73,8 @@ def clip_by_global_norm(t_list, clip_norm, use_norm=None):
             continue
         values = _values(t)
         clipped = multiply(values, cast(scale, getattr(values, "dtype", np.float64)))
-        out.append(clipped if values is t else type(t)(t.indices, clipped, t.dense_shape))
+        out.append(clipped if values is t else IndexedSlices(t.indices, clipped, t.dense_shape,
+                                                             unique=True))
     return out, norm
 
 

@@ -82,6 +82,41 @@ def _sgd_impl(xp, p, g, hyper):
 
 # hyper [lr, momentum, wd]. momentum 0 (assigned after construction) is plain SGD and leaves
 # the buffer as it is, as the kernels do
+# SGD on a row-sparse gradient (gd.IndexedSlices): p[indices] -= lr * rows, repeated indices
+# accumulating in order; the rest of p is untouched, as the dense update of the scattered
+# gradient leaves it (p - lr * 0). With weight decay every row changes: the update is then
+# the dense one of the scattered gradient. hyper [lr, wd], as sgd_update's.
+sparse_sgd_p = Op("sparse_sgd_update", differentiable=False)
+
+
+@sparse_sgd_p.def_shape
+def _sparse_sgd_shape(p, indices, rows, hyper):
+    _check_hyper("sparse_sgd_update", hyper, (2,))
+    require_float("sparse_sgd_update", p)
+    if indices.dtype.kind not in "iu" or indices.ndim != 1 or \
+            rows.shape != indices.shape + p.shape[1:] or rows.dtype != p.dtype:
+        raise ValueError(f"sparse_sgd_update: expected 1-D integer indices and one row of the "
+                         f"variable {p} per index, got indices:{indices}, rows:{rows}")
+    return p
+
+
+@sparse_sgd_p.def_impl
+def _sparse_sgd_impl(xp, p, indices, rows, hyper):
+    from graphdist.ops.sparse import _add_at, _scatter_rows_impl
+
+    dt = p.dtype.type
+    lr, weight_decay = _host(hyper)
+    if weight_decay:
+        g = _scatter_rows_impl(xp, indices, rows, shape=p.shape)
+        return p - dt(lr) * (g + dt(weight_decay) * p)
+    out = p.copy()
+    _add_at(xp, out, indices, -(dt(lr) * rows))      # p + -(lr g) is exactly p - lr g
+    return out
+
+
+sparse_sgd_p.def_cost(lambda ins, outs, **_: (2 * ins[2].size, 3 * ins[2].nbytes))
+
+
 momentum_p = Op("sgd_momentum_update", num_outputs=2, differentiable=False)
 
 
@@ -136,6 +171,7 @@ def _adam_impl(xp, p, m, v, g, hyper):
 
 # the fused kernels (runtime/kernel_table.py) update these inputs in place: output -> input
 sgd_p.inplace = {0: 0}
+sparse_sgd_p.inplace = {0: 0}
 momentum_p.inplace = {0: 0, 1: 1}
 adam_p.inplace = {0: 0, 1: 1, 2: 2}
 

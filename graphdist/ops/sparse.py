@@ -29,12 +29,13 @@ class IndexedSlices:
     array([2., 2.])
     """
 
-    __slots__ = ("indices", "values", "dense_shape")
+    __slots__ = ("indices", "values", "dense_shape", "unique")
 
-    def __init__(self, indices, values, dense_shape):
+    def __init__(self, indices, values, dense_shape, unique: bool = False):
         self.indices = indices
         self.values = values
         self.dense_shape = tuple(int(d) for d in dense_shape)
+        self.unique = unique     # each index at most once (zero rows aside): sum_duplicates' result
         if tuple(np.shape(values))[1:] != self.dense_shape[1:] or \
                 len(np.shape(indices)) != 1 or np.shape(indices)[0] != np.shape(values)[0]:
             raise ShapeError(f"IndexedSlices: values {tuple(np.shape(values))} must be one row "
@@ -153,7 +154,7 @@ sum_duplicates_p = Op("sum_duplicates", num_outputs=2, differentiable=False)
 
 
 @sum_duplicates_p.def_shape
-def _sum_duplicates_shape(indices, rows):
+def _sum_duplicates_shape(indices, rows, *, divisor=1):
     _check_indices("sum_duplicates", indices)
     if indices.ndim != 1 or rows.ndim < 1 or rows.shape[0] != indices.shape[0]:
         raise ShapeError(f"sum_duplicates: expected 1-D indices and one row per index, got "
@@ -162,14 +163,20 @@ def _sum_duplicates_shape(indices, rows):
 
 
 @sum_duplicates_p.def_impl
-def _sum_duplicates_impl(xp, indices, rows):
-    """TF's _deduplicate_indexed_slices at a static size: the distinct indices (sorted),
-    each with the sum of its rows in their order, then zero rows at index 0."""
-    unique, inverse = xp.unique(indices, return_inverse=True)
+def _sum_duplicates_impl(xp, indices, rows, *, divisor=1):
+    """TF's _deduplicate_indexed_slices at a static size: the distinct indices in the order
+    they first occur, each with the sum of its rows in their order (divided by `divisor`,
+    a mean's replica count), then zero rows at index 0."""
+    unique, first, inverse = xp.unique(indices, return_index=True, return_inverse=True)
+    order = xp.argsort(first)                    # the distinct indices by first occurrence
+    slot = xp.empty_like(order)
+    slot[order] = xp.arange(order.shape[0])
     out_rows = xp.zeros_like(rows)
-    _add_at(xp, out_rows, inverse.reshape(-1), rows)
+    _add_at(xp, out_rows, slot[inverse.reshape(-1)], rows)
+    if divisor != 1:
+        xp.divide(out_rows, rows.dtype.type(divisor), out=out_rows)
     out_indices = xp.zeros_like(indices)
-    out_indices[:unique.shape[0]] = unique
+    out_indices[:order.shape[0]] = unique[order]
     return out_indices, out_rows
 
 
@@ -214,10 +221,13 @@ def densify(value):
     return bind(scatter_rows_p, value.indices, value.values, shape=value.dense_shape)
 
 
-def sum_duplicates(value: IndexedSlices) -> IndexedSlices:
-    """The same sparse value with each index once (rows summed), padded with zero rows."""
-    indices, rows = bind(sum_duplicates_p, value.indices, value.values)
-    return IndexedSlices(indices, rows, value.dense_shape)
+def sum_duplicates(value: IndexedSlices, divisor: int = 1) -> IndexedSlices:
+    """The same sparse value with each index once (rows summed, then divided by `divisor`),
+    padded with zero rows."""
+    if value.unique and divisor == 1:
+        return value
+    indices, rows = bind(sum_duplicates_p, value.indices, value.values, divisor=int(divisor))
+    return IndexedSlices(indices, rows, value.dense_shape, unique=True)
 
 
 def concat_slices(a: IndexedSlices, b: IndexedSlices) -> IndexedSlices:

@@ -24,6 +24,7 @@ from graphdist.ops.array import cast, fill_p
 from graphdist.ops.clip import clip_by_global_norm
 from graphdist.ops.core import Symbolic, bind, current_tracer
 from graphdist.ops.math import divide, multiply, power, sqrt, subtract
+from graphdist.ops.sparse import IndexedSlices, densify, sum_duplicates
 from graphdist.optimizers.schedules import LearningRateSchedule
 from graphdist.variables import Variable
 
@@ -171,7 +172,7 @@ class Optimizer:
             reduced = all_reduce_gradients([g for g, _ in pairs], self.gradient_reduction,
                                            bucket_bytes, ctx.num_replicas_in_sync)
             pairs = list(zip(reduced, (v for _, v in pairs)))
-        pairs = self._clip(pairs)
+        pairs = [(g if self._sparse_update(g) else densify(g), v) for g, v in self._clip(pairs)]
         step = self.iterations.read_value() + np.int64(1)
         self._apply(pairs, step)
         self.iterations.assign_synced(step)
@@ -201,6 +202,12 @@ class Optimizer:
 
     def _apply(self, pairs, step) -> None:
         raise NotImplementedError
+
+    def _sparse_update(self, g) -> bool:
+        """Does `_apply` take this row-sparse gradient as it is? Others get it densified:
+        an update with slots (momentum, Adam's moments) decays every row, as the dense
+        update does, so it reads and writes the whole table anyway."""
+        return False
 
     def variables(self) -> list:
         """iterations, the hyper-parameter variables, then the slots."""
@@ -277,6 +284,9 @@ class SGD(Optimizer):
                              "momentum > 0")
         return value
 
+    def _sparse_update(self, g) -> bool:
+        return isinstance(g, IndexedSlices) and not self._uses_momentum   # a scatter update
+
     def _apply(self, pairs, step) -> None:
         lr, weight_decay = self._read_hyper("learning_rate"), self._read_hyper("weight_decay")
         if self._uses_momentum:
@@ -284,7 +294,10 @@ class SGD(Optimizer):
         else:
             hyper = bind(optim.hyper_p, lr, weight_decay)
         for g, v in pairs:
-            if self._uses_momentum:
+            if isinstance(g, IndexedSlices):
+                g = sum_duplicates(g)     # each row once: the dense update's sums, in order
+                new_v = bind(optim.sparse_sgd_p, v, g.indices, g.values, hyper)
+            elif self._uses_momentum:
                 m = self.slot(v, "momentum")
                 new_v, new_m = bind(optim.momentum_p, v, m, g, hyper, nesterov=self.nesterov)
                 m.assign_synced(new_m)
