@@ -17,6 +17,7 @@ from graphdist.distribute.input import distribute_batch
 from graphdist.device.backends import host_value
 from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, ValueContext,
                                          VariableAggregation, _as_tensor_value, map_structure)
+from graphdist.ir import Var
 from graphdist.ir.types import is_float
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.pytree import flatten, unflatten
@@ -114,18 +115,31 @@ def _on_devices(value, devices):
     return map_structure(tag, value)
 
 
+# ops that rearrange their input: mirrored in, mirrored out (a bucketed all-reduce's results
+# are split and reshaped views of one all-reduced buffer)
+_REARRANGING = ("reshape", "split", "getitem", "transpose", "concat", "squeeze", "cast")
+
+
 def _is_mirrored_tensor(t) -> bool:
-    """True for values every replica holds identically (collective results, mirrored reads)."""
+    """True for values every replica holds identically (collective results, mirrored reads,
+    rearrangements of them)."""
     var = getattr(t, "var", None)
     tracer = current_tracer()
     if var is None or tracer is None:
         return True
+    return _mirrored_var(tracer, var, depth=0)
+
+
+def _mirrored_var(tracer, var, depth: int) -> bool:
     for eqn in reversed(tracer.eqns):
         if var in eqn.outputs:
-            if eqn.op in ("all_reduce", "broadcast"):
+            if eqn.op in ("all_reduce", "broadcast", "all_gather"):
                 return True
             if eqn.op == "read_var":
                 return not dict(eqn.params)["var"].on_read
+            if eqn.op in _REARRANGING and depth < 4:
+                return all(_mirrored_var(tracer, v, depth + 1) for v in eqn.inputs
+                           if isinstance(v, Var))      # literals are the same everywhere
             return False
     return False
 
@@ -164,10 +178,23 @@ class ReplicaContext:
         """Reduce `value` (a tensor or a nested structure of them) across replicas."""
         from graphdist.ops.collectives import all_reduce
 
+        from graphdist.distribute.sparse import all_reduce_gradients
+        from graphdist.ops.sparse import IndexedSlices
+
         op = _reduce_op(op)
-        if self.num_replicas_in_sync == 1:
+        n = self.num_replicas_in_sync
+        if n == 1:
             return value
-        return map_structure(lambda v: all_reduce(v, op.value), value)
+        # the traced tensors of a structure travel together, packed into buckets as
+        # gradients are (TF's batch all-reduce); sparse ones as rows; constants alone
+        leaves = []
+        map_structure(lambda v: leaves.append(v) if isinstance(v, (Symbolic, IndexedSlices))
+                      else None, value)
+        bucket_bytes = getattr(self.strategy, "bucket_bytes", 25 * 2**20)
+        reduced = iter(all_reduce_gradients(leaves, op.value, bucket_bytes, n) if leaves
+                       else ())
+        return map_structure(lambda v: next(reduced) if isinstance(v, (Symbolic, IndexedSlices))
+                             else all_reduce(v, op.value), value)
 
     def merge_call(self, merge_fn, args=(), kwargs=None):
         """Call merge_fn(strategy, *args) once in cross-replica context, with per-replica
