@@ -69,11 +69,47 @@ def make_cnn_step(strategy, params=None):
     return step, ps
 
 
+def gpt_variables(model) -> dict:
+    """The example GPT's variables by their names in bench/peers/gpt_common.py."""
+    named = {"wte": model.tokens.embeddings, "wpe": model.positions.embeddings,
+             "lnf.g": model.norm.gamma, "lnf.b": model.norm.beta,
+             "head.w": model.head.kernel, "head.b": model.head.bias}
+    for i, b in enumerate(model.blocks):
+        a = b.attention
+        layers = {"ln1": b.norm1, "ln2": b.norm2, "fc": b.fc, "proj": b.proj,
+                  "q": a.query_dense, "k": a.key_dense, "v": a.value_dense,
+                  "o": a.output_dense}
+        for key, layer in layers.items():
+            if key.startswith("ln"):
+                named.update({f"h{i}.{key}.g": layer.gamma, f"h{i}.{key}.b": layer.beta})
+            else:
+                named.update({f"h{i}.{key}.w": layer.kernel, f"h{i}.{key}.b": layer.bias})
+    return named
+
+
+def make_gpt_step(strategy, params=None):
+    """(step, variables): the example's own train step (examples/gpt_chars.py) of its GPT
+    at bench/peers/gpt_common.py's sizes, from those initial weights, with Adam lr 1e-3
+    (no clipping, no schedule, as the peers)."""
+    from graphdist.examples.gpt_chars import GPT, make_train_step
+
+    from bench.peers.gpt_common import CONTEXT, HEADS, LAYERS, VOCAB, WIDTH, gpt_init
+
+    with strategy.scope():
+        model = GPT(VOCAB, CONTEXT, WIDTH, LAYERS, HEADS)
+        model(np.zeros((1, CONTEXT), np.int32))          # build under the strategy
+        named = gpt_variables(model)
+        for name, p in (params or gpt_init()).items():
+            named[name].assign(p)
+        opt = gd.optimizers.Adam(LR, B1, B2, EPS)
+    return make_train_step(strategy, model, opt), model.trainable_variables
+
+
 def graphdist_side_by_side(make, batch, repeat: int) -> tuple[dict, float]:
     """graphdist's step from `make(strategy) -> (step, variables)` on one device, on 4
     logical CPU devices as it runs by default (per device) and merged (opt-in), timed side
-    by side; also the largest parameter difference, 4 devices against one, after the same
-    three steps."""
+    by side (with the losses of their first three steps); also the largest parameter
+    difference, 4 devices against one, after those three steps."""
     from bench.common import interleaved
 
     one = gd.OneDeviceStrategy("cpu:0")
@@ -88,12 +124,12 @@ def graphdist_side_by_side(make, batch, repeat: int) -> tuple[dict, float]:
     finally:
         gd.config.set_device_concurrency("auto")
     assert not s4.get_replicated_graph(batch4).merged and s4m.replicated_graph.merged
-    for _ in range(3):                    # the same three steps: the same parameters
-        s1(batch)
-        s4(batch4)
+    losses = [(float(s1(batch)), float(s4(batch4))) for _ in range(3)]  # the same 3 steps
     diff = max(float(np.max(np.abs(a.numpy() - b.numpy()))) for a, b in zip(w1, w4))
     t = interleaved({"graphdist 1 device": lambda: s1(batch),
                      "graphdist Mirrored x4 (default: per-device)": lambda: s4(batch4),
                      "graphdist Mirrored x4 merged (opt-in)": lambda: s4m(batch4)},
                     repeat=repeat)
+    for k, name in enumerate(list(t)[:2]):
+        t[name]["losses"] = [pair[k] for pair in losses]
     return t, diff

@@ -1,6 +1,13 @@
-"""gelu and its gradient (ct * gelu'(x)) in one parallel pass each, with the C library's
-erfc: numpy has no erf, so the op's reference (graphdist/ops/special.py) builds erfc from
-about forty array passes."""
+"""gelu and its gradient (ct * gelu'(x)) in one parallel pass each: numpy has no erf, so the
+op's reference (graphdist/ops/special.py) builds erfc from about forty array passes.
+
+float64: the C library's erfc and exp, element by element. float32: the C library is a
+scalar call per element (11.5 ms for gelu and its gradient at 32x64x512 here), so the
+exact form uses Eigen's float32 rational erf (what TF and XLA use; |error| <= 4e-7) and an
+exp for the Gaussian density built from multiplies and adds (relative error <= 1e-5 on the
+range that matters), both of which LLVM vectorizes: 0.2 ms forward, 0.3 ms gradient. The
+cost: 0.5 x (1 + erf) loses the far negative tail (absolute error <= 1.2e-6 in gelu, as in
+TF), which the float64 reference keeps."""
 
 from __future__ import annotations
 
@@ -65,6 +72,61 @@ def _gelu_grad(ct, x, out, approximate):  # (n,); out may be ct or x
         out[i] = ct[i] * _gelu1(np.float64(x[i]), approximate)[1]
 
 
+# Eigen's generic_fast_erf_float: odd numerator, even denominator, on [-4, 4]
+_ERF_P = tuple(np.float32(c) for c in (
+    -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+    -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+    -1.60960333262415e-02))
+_ERF_Q = tuple(np.float32(c) for c in (
+    -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+    -7.37332916720468e-03, -1.42647390514189e-02))
+_EXP_TAYLOR = tuple(np.float32(1 / math.factorial(k)) for k in range(10, -1, -1))
+_HALF, _ONE = np.float32(0.5), np.float32(1.0)
+_RSQRT2_32, _RSQRT2PI_32 = np.float32(_RSQRT2), np.float32(_RSQRT2PI)
+
+
+@njit(cache=True, inline="always")
+def _erf32(x):
+    x = min(max(x, np.float32(-4.0)), np.float32(4.0))
+    x2 = x * x
+    p = _ERF_P[0]
+    for c in _ERF_P[1:]:
+        p = p * x2 + c
+    q = _ERF_Q[0]
+    for c in _ERF_Q[1:]:
+        q = q * x2 + c
+    return x * p / q
+
+
+@njit(cache=True, inline="always")
+def _exp_nonpositive32(t):
+    """exp(t) for t <= 0: a Taylor polynomial of exp(t / 16), squared four times (below
+    -18, where the density is under 1e-8 of its peak, the value of -18)."""
+    u = max(t, np.float32(-18.0)) * np.float32(0.0625)
+    p = _EXP_TAYLOR[0]
+    for c in _EXP_TAYLOR[1:]:
+        p = p * u + c
+    p = p * p
+    p = p * p
+    p = p * p
+    return p * p
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _gelu32(x, out):  # float32 (n,); out may be x
+    for i in prange(out.size):
+        v = x[i]
+        out[i] = v * _HALF * (_ONE + _erf32(v * _RSQRT2_32))
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _gelu_grad32(ct, x, out):  # float32 (n,); out may be ct or x
+    for i in prange(out.size):
+        v = x[i]
+        cdf = _HALF * (_ONE + _erf32(v * _RSQRT2_32))
+        out[i] = ct[i] * (cdf + v * _exp_nonpositive32(-_HALF * v * v) * _RSQRT2PI_32)
+
+
 def _runs(*arrays) -> bool:
     first = arrays[0]
     return all(a.shape == first.shape and a.dtype == first.dtype and a.flags.c_contiguous
@@ -76,6 +138,10 @@ def gelu_cpu(x, out, approximate) -> bool:
     returns False (doing nothing) otherwise."""
     if not _runs(x, out):
         return False
+    if x.dtype == np.float32 and not approximate:
+        with threads_for(2 * out.nbytes):
+            _gelu32(x.reshape(-1), out.reshape(-1))
+        return True
     with threads_for(8 * out.nbytes):          # erfc costs a few memory passes' worth
         _gelu(x.reshape(-1), out.reshape(-1), bool(approximate))
     return True
@@ -85,6 +151,10 @@ def gelu_grad_cpu(ct, x, out, approximate) -> bool:
     """out = gelu_grad_ref(ct, x), as gelu_cpu (out may be ct or x)."""
     if not _runs(ct, x, out):
         return False
+    if x.dtype == np.float32 and not approximate:
+        with threads_for(3 * out.nbytes):
+            _gelu_grad32(ct.reshape(-1), x.reshape(-1), out.reshape(-1))
+        return True
     with threads_for(8 * out.nbytes):
         _gelu_grad(ct.reshape(-1), x.reshape(-1), out.reshape(-1), bool(approximate))
     return True

@@ -67,8 +67,7 @@ def jax_step(loss_fn, update, params, state, x, y, n: int):
         rep = lambda t: jax.tree_util.tree_map(  # noqa: E731 - one copy per device
             lambda a: jnp.broadcast_to(a, (n,) + jnp.shape(a)), t)
         carry = [rep(params), rep(state)]
-        xs = jnp.asarray(x.reshape((n, len(x) // n) + x.shape[1:]))
-        ys = jnp.asarray(y.reshape(n, len(y) // n))
+        xs, ys = (jnp.asarray(a.reshape((n, len(a) // n) + a.shape[1:])) for a in (x, y))
 
     def run():
         carry[0], carry[1], loss = step(carry[0], carry[1], xs, ys)

@@ -256,9 +256,9 @@ def sum_duplicates_cpu(outs, indices, rows, *, divisor=1):
 
 
 def gelu_cpu(out, x, *, approximate):
-    """The exact gelu in one parallel pass with the C library's erfc (5 ms for 32x64x512
-    float32 on 2 cores; numpy's reference, erfc from array passes: 62 ms); the tanh form
-    stays with numpy, which is faster at it (6 ms vs 8 ms)."""
+    """The exact gelu in one parallel pass: float32 with a vectorized rational erf (0.2 ms
+    for 32x64x512 on 2 cores), float64 with the C library's erfc (5 ms); numpy's reference,
+    erfc from array passes: 62 ms. The tanh form stays with numpy (6 ms vs 8 ms)."""
     from graphdist.kernels.gelu import gelu_cpu
     from graphdist.ops import OPS
 
