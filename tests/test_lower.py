@@ -190,3 +190,16 @@ def test_values_flattened_into_a_concat_are_computed_in_place():
     source = f.program_source()
     copies = [line for line in source.splitlines() if "] = " in line and ".reshape(-1)" in line]
     assert len(copies) == 1                        # only the small bias is copied in
+
+
+def test_a_profiled_program_in_chunks_runs(monkeypatch):
+    """The profiler writes its timer before every node: each chunk takes it once."""
+    import graphdist.runtime.program as lower_module
+
+    monkeypatch.setattr(lower_module, "CHUNK_LINES", 5)
+    step = gd.function(lambda x: gd.reduce_sum(gd.tanh(gd.exp(x * 2.0) + 1.0) * x))
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    trace = step.profile(x)
+    names = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"]
+    assert {"exp", "tanh", "reduce_sum"} <= set(names)
+    np.testing.assert_allclose(step(x), np.sum(np.tanh(np.exp(2 * x) + 1) * x), rtol=1e-6)

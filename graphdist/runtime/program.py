@@ -107,7 +107,8 @@ def _split(arg_names, lines, eqns) -> list:
         params = [n for n in made if n in reads_after[k]]
         written = [m for line in body for m in _LOCAL.findall(line.split(" = ")[0])
                    if " = " in line]
-        made = params + [n for n in written if n not in params]
+        # each name once (the profiler's _t0 is written before every node)
+        made = list(dict.fromkeys(params + written))
         last = k == len(pieces) - 1
         returns = None if last else [n for n in made if k + 1 < len(pieces)
                                      and n in reads_after[k + 1]]
