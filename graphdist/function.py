@@ -83,9 +83,9 @@ class Compiled:
     def replicated_graph(self) -> Graph:
         return self.executable.graph
 
-    def __call__(self, leaves):
+    def __call__(self, leaves, executable=None):
         arrays = [leaves[i] for feed in self.feeds for i in feed]
-        per_device = self.executable(arrays)
+        per_device = (executable or self.executable)(arrays)
         out, k, shared_seen = [], 0, 0
         for kind in self.out_kinds:
             if kind[0] == "static":
@@ -415,10 +415,68 @@ class Function:
             write_trace(trace, path)
         return trace
 
+    def call_many(self, args_of, steps: int, profile: bool = False):
+        """Call this function up to `steps` times, `args_of(previous result)` giving each
+        call's arguments (StopIteration ends the calls early). Returns (last result, calls
+        made, Chrome trace or None). After the first call of a signature every call feeds
+        its program directly: the arguments are checked by their arrays' shapes and dtypes
+        instead of having their signature derived again. With `profile`, every node of
+        every call is timed and each call is a "step k" slice on every device's lane."""
+        result, done, bounds = None, 0, []
+        tree = specs = compiled = None
+        for _ in range(steps):
+            try:
+                args = args_of(result)
+            except StopIteration:
+                break
+            leaves, _, t = flatten((args, {}))
+            if compiled is None or t != tree or not _same_arrays(leaves, specs):
+                if not profile:
+                    result, done = self(*args), done + 1
+                leaves, key = self._signature(args, {})
+                if compiled is not None and key[1] != specs and profile:
+                    raise ValueError(f"gd.function {self.__name__}: a profiled run of many "
+                                     "calls needs one signature; the arguments changed")
+                compiled = self._cache.get(key) or self._compile(key, leaves, args, {})
+                tree, specs = key[0], key[1]
+                if not profile:
+                    continue
+            if profile:
+                if compiled.profiled is None:
+                    compiled.profiled = compiled.rebuild(True)
+                start = time.perf_counter()
+                result = compiled(leaves, compiled.profiled)
+                bounds.append((start, time.perf_counter()))
+            else:
+                result = compiled(leaves)
+            done += 1
+        trace = None
+        if profile and compiled is not None:
+            from graphdist.runtime.profile import chrome_trace
+
+            trace = chrome_trace(compiled.profiled, self.__name__, steps=bounds)
+            for program in compiled.profiled.programs:
+                program.events.clear()
+        return result, done, trace
+
     def program_source(self, *args, **kwargs) -> str:
         """The generated Python program(s) of a signature (the latest when no args)."""
         entry = self._entry(args, kwargs) if args or kwargs else self._latest()
         return entry.executable.source
+
+
+def _same_arrays(leaves, specs) -> bool:
+    """Do these leaves fit the signature `specs` (numpy arrays of the same shapes and dtypes,
+    the same static values)?"""
+    if len(leaves) != len(specs):
+        return False
+    for leaf, spec in zip(leaves, specs):
+        if spec[0] == "array":
+            if not (type(leaf) is np.ndarray and leaf.shape == spec[1] and leaf.dtype == spec[2]):
+                return False
+        elif _leaf_spec(leaf, "") != spec:
+            return False
+    return True
 
 
 def function(fn=None):

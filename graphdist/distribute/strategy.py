@@ -13,7 +13,7 @@ import numpy as np
 
 from graphdist.distribute import context
 from graphdist.device.names import canonical, default_device, devices as all_devices
-from graphdist.distribute.input import distribute_batch
+from graphdist.distribute.input import DistributedDataset
 from graphdist.device.backends import host_value
 from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, ValueContext,
                                          VariableAggregation, _as_tensor_value, map_structure)
@@ -240,6 +240,7 @@ class Strategy:
         self.cross_device_ops_chosen = cross_device_ops is None
         self.bucket_bytes = int(bucket_bytes)
         self._run_functions: dict = {}
+        self._run_steps_functions: dict = {}
         self.default_replica_context = ReplicaContext(self, 0)
 
     @property
@@ -284,6 +285,30 @@ class Strategy:
             compiled.__name__ = getattr(fn, "__name__", "replica_fn")
             self._run_functions[fn] = compiled
         return _on_devices(compiled(*args, **kwargs), self._devices)
+
+    def experimental_run_steps(self, fn, iterator, steps, initial_loop_values=None,
+                               profile=False):
+        """Run `steps` training steps from one call (TF's run_steps_on_dataset): `fn(ctx,
+        *batch)` for each batch of `iterator` (a tuple batch is unpacked), in cross-replica
+        context; `ctx` is a gd.MultiStepContext, returned at the end with the last step's
+        outputs and `steps_run` (fewer when the iterator ends first). One step is traced
+        and compiled once; the steps run its program back to back. `profile=True` times
+        every node of every step (ctx.profile: a Chrome trace, a "step k" slice per step).
+
+        >>> ctx = strategy.experimental_run_steps(fn, iter(dist_dataset), steps=50)
+        """
+        from graphdist.distribute.multi_step import run_steps, step_body
+        from graphdist.function import function
+
+        _require_cross_replica_context("experimental_run_steps", "call it outside "
+                                       "strategy.run and outside gd.function")
+        if current_tracer() is not None:
+            raise RuntimeError("experimental_run_steps runs its own compiled loop: call it "
+                               "from Python, not inside a gd.function")
+        compiled = self._run_steps_functions.get(fn)
+        if compiled is None:
+            compiled = self._run_steps_functions[fn] = function(step_body(self, fn))
+        return run_steps(self, compiled, iterator, steps, initial_loop_values, profile)
 
     def reduce(self, op, value, axis=None):
         """Reduce a per-replica value across replicas (and along `axis` of every component:
@@ -365,12 +390,15 @@ class Strategy:
         return concat(list(LocalValue((local,)).values), axis=axis)
 
     # ------------------------------------------------------------ input
-    def experimental_distribute_dataset(self, iterable):
-        """Split each global batch along axis 0 into one shard per replica (PerReplica)."""
-        n = self.num_replicas_in_sync
-        if n == 1:
-            return iterable
-        return _DistributedIterable(iterable, n, self._devices)
+    def experimental_distribute_dataset(self, iterable, prefetch: int = 0,
+                                        per_replica_batch: bool = False):
+        """Split each global batch along axis 0 into one shard per replica (PerReplica).
+        `prefetch=k` prepares the next k steps' batches on a background thread and places
+        their shards on the devices; `per_replica_batch=True` takes each incoming batch as
+        one replica's and groups num_replicas_in_sync of them into a step (replica 0 gets
+        the first; an incomplete last group is dropped). See input.DistributedDataset."""
+        return DistributedDataset(iterable, self.num_replicas_in_sync, self._devices,
+                                  prefetch, per_replica_batch)
 
     def experimental_distribute_values_from_function(self, fn):
         values = [fn(ValueContext(i, self.num_replicas_in_sync))
@@ -379,20 +407,6 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={list(self._devices)})"
-
-
-class _DistributedIterable:
-    def __init__(self, iterable, n: int, devices=None):
-        self.iterable = iterable
-        self.n = n
-        self.devices = devices
-
-    def __iter__(self):
-        return (_on_devices(distribute_batch(batch, self.n), self.devices)
-                for batch in self.iterable)
-
-    def __len__(self):
-        return len(self.iterable)
 
 
 class OneDeviceStrategy(Strategy):

@@ -11,9 +11,11 @@ from graphdist.ir import eqn_text
 from graphdist.ir.printer import Namer
 
 
-def chrome_trace(executable, name: str = "step") -> dict:
+def chrome_trace(executable, name: str = "step", steps=()) -> dict:
+    """`steps`: (start, end) perf_counter times of the calls of a multi-step run, each drawn
+    as a "step k" slice around its nodes on every lane."""
     programs = executable.programs
-    starts = [e[1] for p in programs for e in p.events]
+    starts = [e[1] for p in programs for e in p.events] + [b[0] for b in steps]
     origin = min(starts) if starts else 0.0
     index = {id(eqn): i for i, eqn in enumerate(executable.graph.eqns)}
     namer = Namer(executable.graph.devices)     # the names the text form gives
@@ -26,6 +28,11 @@ def chrome_trace(executable, name: str = "step") -> dict:
                        "args": {"name": device}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": lane,
                        "args": {"sort_index": lane}})
+    for k, (start, end) in enumerate(steps):
+        for lane in lanes.values():
+            events.append({"name": f"step {k}", "cat": "step", "ph": "X", "pid": 0,
+                           "tid": lane, "ts": (start - origin) * 1e6,
+                           "dur": (end - start) * 1e6, "args": {"step": k}})
     for program in programs:
         eqns = program.graph.eqns
         for i, start, end in program.events:
