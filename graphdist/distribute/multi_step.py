@@ -11,6 +11,8 @@ what its program costs. The step's graph and profile are those of that function
 
 from __future__ import annotations
 
+import inspect
+
 from graphdist.distribute.context import get_replica_context
 from graphdist.distribute.values import LocalValue
 from graphdist.ops.core import Symbolic
@@ -76,6 +78,13 @@ def step_body(strategy, fn):
         return ctx.last_step_outputs
 
     step.__name__ = f"run_steps[{getattr(fn, '__name__', 'fn')}]"
+    try:      # the graph names the batch's arguments as fn does: fn(ctx, x, y) -> x, y
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        if all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+            carried = inspect.Parameter("carried", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            step.__signature__ = inspect.Signature([carried, *params])
+    except (TypeError, ValueError):
+        pass
     return step
 
 
