@@ -68,10 +68,13 @@ class MultiStepContext:
                 f"last_step_outputs={sorted(self._last_step_outputs)})")
 
 
-def step_body(strategy, fn):
-    """One step as a function of (carried values, *batch) -> the step's outputs: `fn`
-    called in the strategy's cross-replica context with a fresh context object."""
-    def step(carried, *batch):
+def step_body(strategy, fn, carries: bool):
+    """One step as a function of the batch -> the step's outputs: `fn` called in the
+    strategy's cross-replica context with a fresh context object. With loop-carried values
+    (`carries`), their dict comes first: step(carried, *batch). Without, step(*batch): the
+    step function (ctx.step_function) takes a batch as a plain train step does."""
+    def step(*args):
+        carried, batch = (args[0], args[1:]) if carries else ({}, args)
         ctx = MultiStepContext(strategy, carried)
         with strategy.scope():
             fn(ctx, *batch)
@@ -81,8 +84,8 @@ def step_body(strategy, fn):
     try:      # the graph names the batch's arguments as fn does: fn(ctx, x, y) -> x, y
         params = list(inspect.signature(fn).parameters.values())[1:]
         if all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
-            carried = inspect.Parameter("carried", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            step.__signature__ = inspect.Signature([carried, *params])
+            carried = [inspect.Parameter("carried", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+            step.__signature__ = inspect.Signature(carried * carries + params)
     except (TypeError, ValueError):
         pass
     return step
@@ -90,8 +93,9 @@ def step_body(strategy, fn):
 
 def run_steps(strategy, function, iterator, steps: int, initial_loop_values=None,
               profile: bool = False) -> MultiStepContext:
-    """Run `function` (the gd.function of step_body) for up to `steps` batches of
-    `iterator`; the values named in initial_loop_values are carried from step to step."""
+    """Run `function` (the gd.function of step_body, carrying values exactly when
+    initial_loop_values has some) for up to `steps` batches of `iterator`; the values
+    named in initial_loop_values are carried from step to step."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"experimental_run_steps: steps must be an int >= 1, got {steps!r}")
     if not hasattr(iterator, "__next__"):
@@ -107,7 +111,8 @@ def run_steps(strategy, function, iterator, steps: int, initial_loop_values=None
         if previous is not None and carried:
             carried = {k: previous.get(k, v) for k, v in carried.items()}
         batch = next(iterator)            # StopIteration: the input ended, no more steps
-        return (carried,) + (batch if isinstance(batch, tuple) else (batch,))
+        batch = batch if isinstance(batch, tuple) else (batch,)
+        return ((carried,) + batch) if carried else batch
 
     result, done, trace = function.call_many(args_of, steps, profile)
     ctx = MultiStepContext(strategy, result if result is not None else carried)

@@ -305,9 +305,10 @@ class Strategy:
         if current_tracer() is not None:
             raise RuntimeError("experimental_run_steps runs its own compiled loop: call it "
                                "from Python, not inside a gd.function")
-        compiled = self._run_steps_functions.get(fn)
+        key = (fn, bool(initial_loop_values))     # loop-carried values: an extra argument
+        compiled = self._run_steps_functions.get(key)
         if compiled is None:
-            compiled = self._run_steps_functions[fn] = function(step_body(self, fn))
+            compiled = self._run_steps_functions[key] = function(step_body(self, fn, key[1]))
         return run_steps(self, compiled, iterator, steps, initial_loop_values, profile)
 
     def reduce(self, op, value, axis=None):
