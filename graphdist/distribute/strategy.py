@@ -115,9 +115,10 @@ def _on_devices(value, devices):
     return map_structure(tag, value)
 
 
-# ops that rearrange their input: mirrored in, mirrored out (a bucketed all-reduce's results
-# are split and reshaped views of one all-reduced buffer)
-_REARRANGING = ("reshape", "split", "getitem", "transpose", "concat", "squeeze", "cast")
+# a bucketed all-reduce's results are split and reshaped views of one all-reduced buffer:
+# as mirrored as the buffer (other ops on a mirrored value give a per-replica result, as
+# TF's regrouping does for every tensor a replica computes)
+_REARRANGING = ("reshape", "split")
 
 
 def _is_mirrored_tensor(t) -> bool:
