@@ -315,6 +315,19 @@ def _adam(rng):
     return cases
 
 
+def _sparse_sgd(rng):
+    p, rows = _u(rng, 5, 3), _u(rng, 4, 3)
+    idx = np.array([3, 0, 3, 1])
+
+    def ref(p, i, r, h):                       # the dense update of the scattered gradient
+        g = np.zeros_like(p)
+        np.add.at(g, i, r)
+        return p - h[0] * (g + h[1] * p)
+    return [Case((p, idx, rows, np.array(h)),
+                 lambda *a: bind(OPS["sparse_sgd_update"], *a), ref, diff=())
+            for h in ([0.1, 0.0], [0.05, 0.01])]
+
+
 def _hyper(rng):
     return [Case((np.float64(0.5), np.float64(2.0), np.float64(-1e-7)),
                  lambda *a: bind(OPS["hyper"], *a), lambda *a: np.array(a)),
@@ -417,6 +430,7 @@ CASES = {
     "sgd_momentum_update": _sgd_momentum,
     "adam_update": _adam,
     "hyper": _hyper,
+    "sparse_sgd_update": _sparse_sgd,
     "philox_random": lambda rng: [Case(     # the stream, pinned: numpy's Philox (ops/random.py)
         (np.array([2, 7, -9], np.int64), np.int32(0)),
         lambda s, r: bind(OPS["philox_random"], s, r, **_PHILOX),
