@@ -14,7 +14,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,mpi]"
 	touch $@
 
 run: $(VENV)/.installed

@@ -15,6 +15,7 @@ from graphdist.distribute.cross_device_ops import (CrossDeviceOps, HierarchicalC
                                                    ReductionToOneDevice, RingAllReduce,
                                                    choose_cross_device_ops)
 from graphdist.distribute.multi_step import MultiStepContext
+from graphdist.distribute.multi_worker import MultiWorkerMirroredStrategy
 from graphdist.distribute.strategy import MirroredStrategy, OneDeviceStrategy, ReplicaContext
 from graphdist.distribute.values import (Mirrored, PerReplica, ReduceOp, ValueContext,
                                          VariableAggregation, VariableSynchronization)
@@ -42,7 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Checkpoint", "CheckpointError", "CrossDeviceOps", "GradientTape", "Graph", "GraphError",
     "HierarchicalCopyAllReduce", "HostAllReduce", "IndexedSlices", "Mirrored", "MirroredStrategy",
-    "MultiStepContext",
+    "MultiStepContext", "MultiWorkerMirroredStrategy",
     "NcclAllReduce",
     "OneDeviceStrategy", "PerReplica", "ReduceOp", "ReductionToOneDevice", "ReplicaContext",
     "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",

@@ -144,7 +144,23 @@ class Checkpoint:
                 entries[key]["bits"] = _BITS[value.dtype.name]
         meta = json.dumps({"format": FORMAT, "version": VERSION, "entries": entries})
         arrays[META] = np.frombuffer(meta.encode(), np.uint8)
-        _write_atomically(os.fspath(path), arrays)
+        group = _workers(variables.values())
+        if group is None:
+            _write_atomically(os.fspath(path), arrays)
+            return path
+        # every worker calls save (sync-on-read values are aggregated across them above);
+        # the chief writes, and every worker learns whether it did before returning
+        failed = None
+        if group.rank == 0:
+            try:
+                _write_atomically(os.fspath(path), arrays)
+            except Exception as e:  # noqa: BLE001 - reported to every worker below
+                failed = f"{type(e).__name__}: {e}"
+        failed = group.bcast_object(failed, 0, f"the checkpoint {os.fspath(path)!r} the chief "
+                                    "writes")
+        if failed is not None:
+            raise CheckpointError(f"the chief (worker 0) could not write "
+                                  f"{os.fspath(path)!r}: {failed}")
         return path
 
     # ------------------------------------------------------------ restore
@@ -198,6 +214,15 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"Checkpoint({', '.join(self._trackables)})"
+
+
+def _workers(variables):
+    """The process group of a multi-worker strategy the variables belong to, else None."""
+    for var in variables:
+        group = getattr(var._strategy, "_group", None)
+        if group is not None and group.size > 1:
+            return group
+    return None
 
 
 # A save writes `.NAME.HOST.PID.RANDOM.tmp` beside NAME, then renames it over NAME. A save

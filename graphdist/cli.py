@@ -162,6 +162,32 @@ def _bench(args) -> int:
     return int(runner.main(args.rest) or 0)
 
 
+def _launch(args) -> int:
+    """One worker process per MPI rank, through the environment's mpiexec (MPICH's, from the
+    `mpi` extra, beside this Python first). The script's own options pass through
+    untouched; the exit status is mpiexec's: non-zero when any worker fails."""
+    import shutil
+    import subprocess
+
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = here if os.path.exists(here) else shutil.which("mpiexec")
+    if mpiexec is None:
+        print("graphdist launch: no mpiexec found; install the mpi extra: pip install "
+              "'graphdist[mpi]' (mpi4py and mpich)", file=sys.stderr)
+        return 2
+    if not os.path.exists(args.script):
+        print(f"graphdist launch: no such script: {args.script}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    if args.devices_per_worker:
+        env["GRAPHDIST_DEVICES_PER_WORKER"] = str(args.devices_per_worker)
+    command = [mpiexec, "-n", str(args.n), sys.executable, args.script, *args.script_args]
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 130
+
+
 MERGED_HELP = ("opt-in: run logical CPU replicas merged into one batched program (the "
                "default runs, and shows, one copy per device with its collectives)")
 
@@ -209,8 +235,18 @@ def main(argv=None) -> int:
     bench.add_argument("rest", nargs=argparse.REMAINDER, metavar="...",
                        help="what `python -m bench` takes: benchmark names (default: all), "
                             "--out DIR, --save (see python -m bench --help)")
+    launch = sub.add_parser("launch", help="run a script as W worker processes under MPI "
+                            "(for gd.MultiWorkerMirroredStrategy)")
+    launch.add_argument("-n", type=_positive, required=True, metavar="W",
+                        help="worker processes (MPI ranks)")
+    launch.add_argument("--devices-per-worker", type=_positive, default=None, metavar="K",
+                        help="logical CPU devices each worker's strategy uses by default")
+    launch.add_argument("script")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
+                        help="the script's own arguments, passed through untouched")
     args = parser.parse_args(argv)
-    handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench}
+    handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench,
+                "launch": _launch}
     from graphdist import config
 
     before = config.device_concurrency()

@@ -85,7 +85,12 @@ class Compiled:
 
     def __call__(self, leaves, executable=None):
         arrays = [leaves[i] for feed in self.feeds for i in feed]
-        per_device = (executable or self.executable)(arrays)
+        try:
+            per_device = (executable or self.executable)(arrays)
+        except BaseException as e:
+            if self.plan.on_failure is not None:
+                self.plan.on_failure(e)
+            raise
         out, k, shared_seen = [], 0, 0
         for kind in self.out_kinds:
             if kind[0] == "static":
@@ -261,11 +266,14 @@ class Function:
         if strategy is None:   # no strategy.run, but mirrored variables: their strategy
             found = {v._strategy for v in variables.values() if len(v.devices) > 1}
             strategy = found.pop() if len(found) == 1 else None
-        n = strategy.num_replicas_in_sync if strategy is not None else 1
+        # this process's replicas (all of them but under a multi-worker strategy)
+        n = strategy._local_replicas if strategy is not None else 1
+        across = strategy is not None and strategy.num_replicas_in_sync > n
         if n_args and n_args != n:
             raise ValueError(f"gd.function {self.__name__}: PerReplica arguments have {n_args} "
-                             f"values but the strategy runs {n} replicas")
-        if n == 1:
+                             f"values but the strategy runs {n} replicas"
+                             + (" in this process" if across else ""))
+        if n == 1 and not across:
             device = pipeline.device_of(graph, get_strategy().devices[0])
             plan = pipeline.one_device(graph, device, stages)
             return Compiled(graph, out_tree, out_kinds, plan, variables,

@@ -49,6 +49,9 @@ class Plan:
     # merged plans: the per-device plan of the same step, built when a merged step fails
     # so that the error can name the failing replica
     per_device: object = None
+    # on_failure(error): told when a step raises (a multi-worker strategy tells the other
+    # workers, so that none of them waits in a collective for this one)
+    on_failure: object = None
 
 
 def stage(name: str, fn):
@@ -111,19 +114,23 @@ def replicated(graphs: list[Graph], strategy, shared_args=(),
                              f"on {list(devices)}; create it under strategy.scope()")
     mode = config.device_concurrency()
     gpu = any(map(is_gpu, devices))
-    if mode == "merged" and not gpu:
+    across = strategy.cross_device_ops.lowering == "mpi"     # workers in other processes
+    if mode == "merged" and not gpu and not across:
         merged = _merged(graphs, devices, shared_args, stages)
         if merged is not None:
             merged.per_device = functools.partial(_per_device, graphs, strategy, "sequential")
             return merged
-    return _per_device(graphs, strategy, "threads" if mode == "threads" and not gpu
+    plan = _per_device(graphs, strategy, "threads" if mode == "threads" and not gpu
                        else "sequential", stages)
+    plan.on_failure = getattr(strategy, "_step_failed", None)
+    return plan
 
 
 def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan:
     stages = [] if stages is None else stages
     devices = tuple(strategy.devices)
-    passes = [stage("replicate", lambda _: replicate(graphs, devices)),
+    first = strategy._first_replica            # this process's first global replica
+    passes = [stage("replicate", lambda _: replicate(graphs, devices, first)),
               stage("lower_collectives",
                     lambda g: lower_collectives(g, strategy.cross_device_ops))]
     # the fused node reads every replica's buffers in one pass: host devices run as one

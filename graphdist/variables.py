@@ -96,6 +96,7 @@ class Variable(Operators, Symbolic):
         self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
         strategy = _strategy or context.get_strategy()
         self._strategy = strategy
+        value = strategy._initial_value(value)
         self._devices = tuple(_devices or strategy.devices)
         if self._sync is VariableSynchronization.NONE and len(self._devices) > 1:
             raise ValueError(f"Variable {name!r}: synchronization=NONE is not supported under "
@@ -151,17 +152,31 @@ class Variable(Operators, Symbolic):
         return self._sync is VariableSynchronization.ON_READ
 
     # ------------------------------------------------------------ reads
+    def _replicas(self) -> tuple[int, int]:
+        """(every replica's count, this process's first replica): the strategy's, for a
+        variable on its devices (other workers hold the rest under a multi-worker one)."""
+        strategy = self._strategy
+        if tuple(strategy.devices) == self._devices:
+            return strategy.num_replicas_in_sync, strategy._first_replica
+        return len(self._devices), 0
+
     def eager_value(self) -> np.ndarray:
-        if not self.on_read or len(self._values) == 1:
+        total, first = self._replicas()
+        if not self.on_read or total == 1:
             return self._host(0)
         sync.check_cross_replica_read(self)
         agg = self._aggregation
         parts = [self._host(k) for k in range(len(self._values))]
+        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
+            return self._strategy._from_chief(parts[0]) if total > len(parts) else parts[0]
+        if total > len(parts):                  # the other workers' components too
+            local = np.sum(parts, axis=0, dtype=self.dtype)
+            whole = self._strategy._sum_across_workers(local)
+            return whole if agg is VariableAggregation.SUM else np.asarray(
+                whole / self.dtype.type(total), self.dtype)
         if agg is VariableAggregation.SUM:
             return np.sum(parts, axis=0, dtype=self.dtype)
-        if agg is VariableAggregation.MEAN:
-            return np.mean(parts, axis=0, dtype=self.dtype)
-        return parts[0]
+        return np.mean(parts, axis=0, dtype=self.dtype)
 
     def numpy(self) -> np.ndarray:
         """A copy of the value (the aggregate, for sync-on-read variables)."""
@@ -228,8 +243,9 @@ class Variable(Operators, Symbolic):
     def components_for(self, new: np.ndarray) -> list:
         """What each component holds after a cross-replica write of `new`."""
         n = len(self._values)
-        if self.on_read and self._aggregation is VariableAggregation.SUM and n > 1:
-            return sync.sum_shares(new, n)
+        total, first = self._replicas()
+        if self.on_read and self._aggregation is VariableAggregation.SUM and total > 1:
+            return sync.sum_shares(new, total)[first:first + n]
         return [new] * n
 
     def assign_components(self, arrays) -> None:

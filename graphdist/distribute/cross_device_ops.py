@@ -87,6 +87,22 @@ class NcclAllReduce(CrossDeviceOps):
     lowering = "nccl"
 
 
+class MpiAllReduce(CrossDeviceOps):
+    """Across worker processes (what MultiWorkerMirroredStrategy uses): each worker sums its
+    own replicas, MPI all-reduces the workers' sums, every local replica gets the result."""
+
+    lowering = "mpi"
+
+    def __init__(self, group, replicas: int, first: int):
+        self.group, self.replicas, self.first = group, int(replicas), int(first)
+
+    def options(self) -> dict:
+        return {"group": self.group, "replicas": self.replicas, "first": self.first}
+
+    def __repr__(self) -> str:
+        return f"MpiAllReduce(workers={self.group.size})"
+
+
 def choose_cross_device_ops(devices) -> CrossDeviceOps:
     """What `cross_device_ops=None` means for these devices: the fused one-pass
     HostAllReduce when all are host devices (fastest on CPU, see docs/benchmarks.md),

@@ -108,13 +108,20 @@ def _tagged(batch, devices):
     return map_structure(tag, batch)
 
 
-def _steps(batches: Iterator, n: int, devices, per_replica_batch: bool, place) -> Iterator:
-    """One pass: each step's batch, split (or grouped), tagged with its devices, placed."""
+def _steps(batches: Iterator, n: int, devices, per_replica_batch: bool, place,
+           first: int = 0) -> Iterator:
+    """One pass: each step's batch, split (or grouped), tagged with its devices, placed.
+    This process's replicas are `devices`, global replicas first, first + 1, ... of n
+    (all of them but under a multi-worker strategy, where every worker reads the same global
+    batches and keeps its replicas' shards, as TF's auto-shard by data does)."""
     if per_replica_batch and n > 1:
         batches = _groups(batches, n)
     for batch in batches:
         if n > 1:
             batch = group_batches(batch, n) if per_replica_batch else distribute_batch(batch, n)
+            if len(devices) < n:
+                batch = map_structure(lambda v: PerReplica(v.values[first:first + len(devices)])
+                                      if isinstance(v, PerReplica) else v, batch)
             batch = _tagged(batch, devices)
         yield batch if place is None else place(batch)
 
@@ -133,7 +140,7 @@ class DistributedDataset:
     """
 
     def __init__(self, iterable, n: int, devices, prefetch: int = 0,
-                 per_replica_batch: bool = False):
+                 per_replica_batch: bool = False, first: int = 0):
         where = "experimental_distribute_dataset"
         if not (hasattr(type(iterable), "__iter__") or hasattr(type(iterable), "__getitem__")):
             raise TypeError(f"{where}: expected an iterable of batches, got "
@@ -153,12 +160,14 @@ class DistributedDataset:
         self.prefetch = int(prefetch)
         self.per_replica_batch = bool(per_replica_batch)
         self._passes: weakref.WeakSet = weakref.WeakSet()
+        self.first = first          # this process's first global replica (multi-worker)
 
     def __iter__(self) -> DistributedIterator:
         place = None
-        if self.prefetch and len(self.devices) == self.n:
+        if self.prefetch and len(self.devices) > 1:
             place = placer(self.devices)
-        steps = _steps(iter(self.iterable), self.n, self.devices, self.per_replica_batch, place)
+        steps = _steps(iter(self.iterable), self.n, self.devices, self.per_replica_batch, place,
+                       self.first)
         it = DistributedIterator(steps, self.prefetch)
         self._passes.add(it)
         return it

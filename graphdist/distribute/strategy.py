@@ -32,10 +32,11 @@ def _reduce_op(op) -> ReduceOp:
         raise ValueError(f"unknown reduce op {op!r}; use gd.ReduceOp.SUM or MEAN") from None
 
 
-def _local(value, n: int = 1):
+def _local(value, n: int = 1, first: int = 0):
     """A LocalValue or PerReplica argument -> what replica 0's code sees. In a trace with
     n > 1 replicas a PerReplica of n values (numpy constants, say) becomes a selection by
-    replica id, so that every replica's clone of the code sees its own component."""
+    replica id, so that every replica's clone of the code sees its own component (`first`:
+    the global id of this process's first replica, under a multi-worker strategy)."""
     def local(v):
         if not isinstance(v, PerReplica):
             return v
@@ -43,12 +44,12 @@ def _local(value, n: int = 1):
             return v.local
         if n == 1 or len(v.values) == 1:
             return v.values[0]
-        return _select_by_replica(v.values, n)
+        return _select_by_replica(v.values, n, first)
 
     return map_structure(local, value)
 
 
-def _select_by_replica(values, n: int):
+def _select_by_replica(values, n: int, first: int = 0):
     """Structured components (tuples, lists, dicts) are selected leaf by leaf."""
     if len(values) != n:
         raise ValueError(f"a PerReplica of {len(values)} values given to {n} replicas")
@@ -60,11 +61,11 @@ def _select_by_replica(values, n: int):
         if other != tree:
             raise ValueError(f"a PerReplica whose values differ in structure: replica 0 has "
                              f"{values[0]!r}, replica {k} has {values[k]!r}")
-    return unflatten(tree, [_select_leaf([leaves[i] for leaves, _, _ in flat], n, path)
-                            for i, path in enumerate(flat[0][1])])
+    return unflatten(tree, [_select_leaf([leaves[i] for leaves, _, _ in flat], n, path,
+                                         first) for i, path in enumerate(flat[0][1])])
 
 
-def _select_leaf(values, n: int, path: str = ""):
+def _select_leaf(values, n: int, path: str = "", first: int = 0):
     if all(not isinstance(x, Symbolic) for x in values):
         if not all(isinstance(x, (np.ndarray, np.generic)) or hasattr(x, "__array__")
                    or hasattr(x, "__cuda_array_interface__") for x in values):
@@ -86,7 +87,7 @@ def _select_leaf(values, n: int, path: str = ""):
     rid = replica_id()
     out = values[0]
     for k in range(1, n):
-        out = where(equal(rid, np.int32(k)), values[k], out)
+        out = where(equal(rid, np.int32(first + k)), values[k], out)
     return out
 
 
@@ -210,7 +211,9 @@ class ReplicaContext:
             kwargs = map_structure(regroup, kwargs)
         with context.entered(self.strategy, None):
             result = merge_fn(self.strategy, *args, **kwargs)
-        return _local(result, self.num_replicas_in_sync) if spmd else result
+        strategy = self.strategy
+        return _local(result, strategy._local_replicas, strategy._first_replica) if spmd \
+            else result
 
 
 class Strategy:
@@ -242,11 +245,27 @@ class Strategy:
         self.bucket_bytes = int(bucket_bytes)
         self._run_functions: dict = {}
         self._run_steps_functions: dict = {}
+        self._reduce_functions: dict = {}
         self.default_replica_context = ReplicaContext(self, 0)
 
     @property
     def devices(self) -> tuple[str, ...]:
         return self._devices
+
+    # this process's replicas: all of them but under a multi-worker strategy
+    _local_replicas = property(lambda self: len(self._devices))
+    _first_replica = 0
+
+    def _initial_value(self, value):
+        """A new variable's initial value (a multi-worker strategy takes the chief's)."""
+        return value
+
+    def _sum_across_workers(self, value):
+        """The sum of every worker's `value` (one worker: itself)."""
+        return value
+
+    def _from_chief(self, value):
+        return value
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -270,8 +289,8 @@ class Strategy:
             if self.num_replicas_in_sync > 1:
                 tracer.strategy = self
             with context.entered(self, ReplicaContext(self, 0)):
-                n = self.num_replicas_in_sync
-                out = fn(*_local(args, n), **_local(kwargs, n))
+                n, first = self._local_replicas, self._first_replica
+                out = fn(*_local(args, n, first), **_local(kwargs, n, first))
             if self.num_replicas_in_sync == 1:
                 return out
             with context.entered(self, ReplicaContext(self, 0)):
@@ -325,6 +344,8 @@ class Strategy:
             if self.num_replicas_in_sync > 1:
                 tracer.strategy = self
             return self._reduce_traced(op, value, axis)
+        if self.num_replicas_in_sync > self._local_replicas:     # other workers hold parts
+            return self._eager_reduce(op, value, axis)
         parts = self._eager_parts("reduce", value)
         if op is ReduceOp.MEAN and not is_float(parts[0].dtype):
             raise TypeError(f"reduce(MEAN): expected float values, got {parts[0].dtype}; use "
@@ -360,7 +381,7 @@ class Strategy:
         from graphdist.ops.math import divide, reduce_sum
 
         n = self.num_replicas_in_sync
-        local = _local(value, n)
+        local = _local(value, self._local_replicas, self._first_replica)
         if axis is None:
             if n == 1:
                 return local
@@ -383,7 +404,7 @@ class Strategy:
         if tracer is None:
             return np.concatenate(self._eager_parts("gather", value), axis=axis)
         n = self.num_replicas_in_sync
-        local = _local(value, n)
+        local = _local(value, self._local_replicas, self._first_replica)
         if n == 1:
             return local
         from graphdist.ops.array import concat
@@ -400,11 +421,12 @@ class Strategy:
         one replica's and groups num_replicas_in_sync of them into a step (replica 0 gets
         the first; an incomplete last group is dropped). See input.DistributedDataset."""
         return DistributedDataset(iterable, self.num_replicas_in_sync, self._devices,
-                                  prefetch, per_replica_batch)
+                                  prefetch, per_replica_batch, self._first_replica)
 
     def experimental_distribute_values_from_function(self, fn):
-        values = [fn(ValueContext(i, self.num_replicas_in_sync))
-                  for i in range(self.num_replicas_in_sync)]
+        """fn(gd.ValueContext(replica id, replicas)) for each of this process's replicas."""
+        values = [fn(ValueContext(self._first_replica + i, self.num_replicas_in_sync))
+                  for i in range(self._local_replicas)]
         return values[0] if len(values) == 1 else PerReplica(values, self._devices)
 
     def __repr__(self) -> str:

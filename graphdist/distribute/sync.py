@@ -68,15 +68,15 @@ def read(tracer, variable):
     """The variable's value as this code sees it: a sync-on-read variable read in
     cross-replica context is the aggregate of the replicas' components."""
     local = tracer.read(variable)
-    if len(variable.devices) == 1 or not variable.on_read or in_replica_context(variable):
+    if variable._replicas()[0] == 1 or not variable.on_read or in_replica_context(variable):
         return local
     check_cross_replica_read(variable)
-    return _aggregate(local, variable.aggregation, len(variable.devices))
+    return _aggregate(local, variable.aggregation, variable._replicas()[0])
 
 
 def assign(tracer, variable, value, mode: str):
     """assign / assign_add / assign_sub with the aggregation rules; returns the variable."""
-    n = len(variable.devices)
+    n = variable._replicas()[0]          # every worker's replicas, under a multi-worker one
     if is_python_scalar(value):
         # weakly typed: the number takes the variable's dtype before an aggregation (an
         # all-reduce or broadcast) would give it one of its own (int32, float32)

@@ -2,7 +2,8 @@
 
 from graphdist.ops import (array, collectives, conv, math, nn, optim, pool,  # noqa: F401
                            random, state)  # (each registers its ops)
-from graphdist.ops import device_collectives, host_collectives  # noqa: F401  (fused collectives)
+from graphdist.ops import (device_collectives, host_collectives,  # noqa: F401  (fused collectives)
+                           mpi_collectives)
 from graphdist.ops import (attention, construct, einsum, layer_norm,  # noqa: F401
                            special)  # (transformer blocks)
 from graphdist.ops.core import OPS, Op, Symbolic, bind

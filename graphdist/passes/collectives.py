@@ -64,10 +64,19 @@ def lower_collectives(g: Graph, cross_device_ops) -> Graph:
         b.scope = COLLECTIVES_SCOPE
         devices = tuple(v.device for v in eqn.outputs)
         params = dict(eqn.params)
+        across = cross_device_ops.lowering == "mpi"     # workers in other processes too
         if eqn.op.name == "all_reduce":
             results = lower_all_reduce(cross_device_ops, b, list(ins), params["op"], devices)
         elif eqn.op.name == "all_gather":
-            results = all_gather(b, list(ins), devices, cross_device_ops.lowering == "host")
+            results = (_mpi_node(b, list(ins), devices, "mpi_all_gather", {
+                "replicas": cross_device_ops.options()["replicas"]}, cross_device_ops)
+                if across else all_gather(b, list(ins), devices,
+                                          cross_device_ops.lowering == "host"))
+        elif across:
+            opts = cross_device_ops.options()
+            results = _mpi_node(b, list(ins), devices, "mpi_broadcast", {
+                "source": params["source"], "first": opts["first"], "local": len(devices)},
+                cross_device_ops)
         else:
             results = broadcast(b, list(ins), params["source"], devices)
         b.scope = ""
@@ -297,6 +306,31 @@ def _fused_node(b: Builder, xs: list[Var], op: str, devices: tuple, name: str,
     outs = tuple(Var(f.ty, None, dev) for f, dev in zip(flats, devices))
     b.eqns.append(Eqn(OPS[name], tuple(flats), outs, params, device=devices[0], scope=b.scope))
     return [_reshaped(b, out, x.ty.shape) for out, x in zip(outs, xs)]
+
+
+@lowering("mpi")
+def mpi(b, xs, op, devices, group, replicas, first):
+    """Across worker processes (MultiWorkerMirroredStrategy): one `mpi_all_reduce` node
+    sums this worker's replicas in order, all-reduces the partial sums between the workers
+    with MPI and writes every local replica's result (a mean divides by every worker's
+    replicas)."""
+    size = xs[0].ty.size
+    flats = [_reshaped(b, x, (size,)) for x in xs]
+    outs = tuple(Var(f.ty, None, dev) for f, dev in zip(flats, devices))
+    params = (("group", group), ("op", op), ("replicas", replicas))
+    b.eqns.append(Eqn(OPS["mpi_all_reduce"], tuple(flats), outs, params, device=devices[0],
+                      scope=b.scope))
+    return [_reshaped(b, out, x.ty.shape) for out, x in zip(outs, xs)]
+
+
+def _mpi_node(b: Builder, xs: list, devices: tuple, name: str, params: dict,
+              cross_device_ops) -> list:
+    """A broadcast or all-gather across worker processes as one node of that name."""
+    params = tuple(sorted({**params, "group": cross_device_ops.options()["group"]}.items()))
+    types = OPS[name].out_types(*(x.ty for x in xs), **dict(params))
+    outs = tuple(Var(ty, None, dev) for ty, dev in zip(types, devices))
+    b.eqns.append(Eqn(OPS[name], tuple(xs), outs, params, device=devices[0], scope=b.scope))
+    return list(outs)
 
 
 def _require(who: str, devices, kind: str, hint: str) -> None:

@@ -26,8 +26,9 @@ def _segments(g: Graph):
     return out
 
 
-def replicate(graphs: list[Graph], devices: tuple) -> Graph:
-    """Place graphs[d] on devices[d], joined by one N-way node per collective."""
+def replicate(graphs: list[Graph], devices: tuple, first: int = 0) -> Graph:
+    """Place graphs[d] on devices[d], joined by one N-way node per collective. `first`: the
+    global id of devices[0]'s replica (other replicas live in other worker processes)."""
     n = len(devices)
     if len(graphs) != n:
         raise GraphError(f"replicate: {len(graphs)} graphs for {n} devices")
@@ -55,7 +56,7 @@ def replicate(graphs: list[Graph], devices: tuple) -> Graph:
     for k in range(len(segments[0])):
         for d in range(n):
             for eqn in segments[d][k][0]:
-                _clone_eqn(b, d, eqn, maps[d], names[d], devices)
+                _clone_eqn(b, d, eqn, maps[d], names[d], devices, first)
         colls = [segments[d][k][1] for d in range(n)]
         if colls[0] is not None:
             _join_collective(b, colls, maps, devices, names)
@@ -76,9 +77,10 @@ def _mapped(mapping: dict, v):
     return mapping.get(v, v) if isinstance(v, Var) else v
 
 
-def _clone_eqn(b: Builder, d: int, eqn, mapping: dict, namer: Namer, devices) -> None:
+def _clone_eqn(b: Builder, d: int, eqn, mapping: dict, namer: Namer, devices,
+               first: int = 0) -> None:
     if eqn.op == "replica_id":
-        mapping[eqn.outputs[0]] = Lit(np.int32(d), ArrayType((), np.dtype("int32")))
+        mapping[eqn.outputs[0]] = Lit(np.int32(first + d), ArrayType((), np.dtype("int32")))
         return
     ins = [_mapped(mapping, v) for v in eqn.inputs]
     b.add(eqn.op, ins, devices[d], **dict(eqn.params))

@@ -1,0 +1,91 @@
+"""Collectives across worker processes (MultiWorkerMirroredStrategy): one placed node per
+collective that reads this worker's replicas' buffers, works with the other workers through
+MPI, and writes every local replica's result. Made by the "mpi" lowering
+(passes/collectives.py). `group` is the process group (graphdist/device/mpi.py), held as a
+parameter: these impls call its methods and import nothing of MPI.
+
+The sums are deterministic: this worker's replicas are added in replica order, then the
+workers' partial sums by MPI (in rank order for two workers, commutative otherwise), and
+every worker and replica receives the same bits.
+"""
+
+from __future__ import annotations
+
+from graphdist.ir.types import ArrayType
+from graphdist.ops.collectives import REDUCE_OPS, _same_types
+from graphdist.ops.core import Op
+
+
+def _local_sum(xp, xs):
+    acc = xp.array(xs[0], copy=True).reshape(-1)
+    for x in xs[1:]:
+        acc += x.reshape(-1)
+    return acc
+
+
+# inputs: one value per local replica; outputs: one per local replica. params: `op`,
+# `group`, `replicas` (every worker's), written by the node's device.
+mpi_all_reduce_p = Op("mpi_all_reduce", collective=True, num_outputs=None,
+                      differentiable=False)
+
+
+@mpi_all_reduce_p.def_shape
+def _mpi_all_reduce_shape(*xs, op, group, replicas):
+    if op not in REDUCE_OPS:
+        raise ValueError(f"mpi_all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
+    return _same_types("mpi_all_reduce", xs)
+
+
+@mpi_all_reduce_p.def_impl
+def _mpi_all_reduce_impl(xp, *xs, op, group, replicas):
+    acc = _local_sum(xp, xs)
+    group.allreduce(acc, f"an all-reduce of {ArrayType(xs[0].shape, xs[0].dtype)}")
+    if op == "mean":
+        acc /= acc.dtype.type(replicas)
+    return tuple(acc.reshape(x.shape).copy() for x in xs)
+
+
+mpi_all_reduce_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
+                                                  2 * sum(t.nbytes for t in ins)))
+
+mpi_broadcast_p = Op("mpi_broadcast", collective=True, num_outputs=None, differentiable=False)
+
+
+@mpi_broadcast_p.def_shape
+def _mpi_broadcast_shape(*xs, source, group, first, local):
+    return _same_types("mpi_broadcast", xs)
+
+
+@mpi_broadcast_p.def_impl
+def _mpi_broadcast_impl(xp, *xs, source, group, first, local):
+    """Every replica gets replica `source`'s value (a global replica index): its worker
+    sends it, the others receive."""
+    here = first <= source < first + local
+    buf = xp.array(xs[source - first] if here else xs[0], copy=True)
+    group.bcast(buf, source // local, f"a broadcast from replica {source}")
+    return tuple(buf.copy() for _ in xs)
+
+
+mpi_broadcast_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))
+
+mpi_all_gather_p = Op("mpi_all_gather", collective=True, num_outputs=None,
+                      differentiable=False)
+
+
+@mpi_all_gather_p.def_shape
+def _mpi_all_gather_shape(*xs, group, replicas):
+    _same_types("mpi_all_gather", xs)
+    return (ArrayType((replicas * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype),) * len(xs)
+
+
+@mpi_all_gather_p.def_impl
+def _mpi_all_gather_impl(xp, *xs, group, replicas):
+    """Every replica's rows, in global replica order: this worker's replicas concatenated,
+    then the workers' blocks in rank order."""
+    mine = xp.concatenate(xs)
+    out = xp.empty((replicas * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype)
+    group.allgather(mine, out, f"an all-gather of {len(xs)} x {ArrayType(xs[0].shape, xs[0].dtype)}")
+    return tuple(out.copy() for _ in xs)
+
+
+mpi_all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))

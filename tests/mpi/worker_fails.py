@@ -1,0 +1,46 @@
+"""Run under `mpiexec -n 2`: worker 1's step fails (an out-of-range label) on the second
+step; worker 0, waiting for it in the all-reduce, must raise gd.WorkerError naming it."""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import graphdist as gd
+
+out_dir = sys.argv[1]
+gd.config.set_collective_timeout(20.0)
+strategy = gd.MultiWorkerMirroredStrategy(["cpu:0"])
+rank = strategy.worker_index
+with strategy.scope():
+    w = gd.Variable(np.ones((4, 3), np.float32))
+    opt = gd.optimizers.SGD(0.1)
+
+
+def replica_fn(x, y):
+    with gd.GradientTape() as tape:
+        loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, x @ w))
+    opt.apply_gradients([(tape.gradient(loss, w), w)])
+
+
+step = gd.function(lambda x, y: strategy.run(replica_fn, args=(x, y)))
+x = np.ones((4, 4), np.float32)
+good = np.zeros(4, np.int32)
+bad = np.full(4, 7 if rank == 1 else 0, np.int32)
+report = {}
+step(x, good)
+start = time.perf_counter()
+try:
+    step(x, bad)
+    report["raised"] = None
+except Exception as e:  # noqa: BLE001 - recorded for the test
+    report["raised"] = type(e).__name__
+    report["message"] = str(e)
+report["seconds"] = time.perf_counter() - start
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(report, f)
+if report["raised"] and rank == 1:
+    time.sleep(1.0)          # let worker 0 write its report before mpiexec stops the job
+    sys.exit(3)

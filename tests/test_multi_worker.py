@@ -1,0 +1,117 @@
+"""MultiWorkerMirroredStrategy: 2 worker processes under mpiexec (and `graphdist launch`)
+against 1 worker with 4 devices and one device on the global batch, in this process.
+The workers run tests/mpi/worker_checks.py and worker_fails.py and report as JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "mpi"))
+from training import train  # noqa: E402
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+if not os.path.exists(MPIEXEC):
+    MPIEXEC = shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
+    reason="the mpi extra (mpi4py and mpich) is not installed: pip install 'graphdist[mpi]'")
+
+
+def _run(command, out_dir, timeout=120):
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    reports = {}
+    for rank in (0, 1):
+        path = os.path.join(out_dir, f"rank{rank}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                reports[rank] = json.load(f)
+    return done, reports
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("workers"))
+    done, reports = _run([MPIEXEC, "-n", "2", sys.executable,
+                          os.path.join(HERE, "mpi", "worker_checks.py"), out, "2"], out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return reports, out
+
+
+def test_two_workers_of_two_devices_train_as_four_devices_and_as_one(two_workers):
+    reports, _ = two_workers
+    four = train(gd.MirroredStrategy([f"cpu:{i}" for i in range(4)]), seed=100)
+    one = train(gd.OneDeviceStrategy("cpu:0"), seed=100)
+    for rank in (0, 1):
+        w, table = np.array(reports[rank]["w"]), np.array(reports[rank]["table"])
+        np.testing.assert_allclose(w, four["w"].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(w, one["w"].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(table, one["table"].numpy(), rtol=1e-5, atol=1e-6)
+    # the chief's initial values won, though the workers made theirs from other seeds
+    np.testing.assert_array_equal(reports[1]["initial_w"], reports[0]["initial_w"])
+    np.testing.assert_allclose(reports[0]["initial_w"], four["initial"], rtol=0)
+
+
+def test_mirrored_components_are_bit_identical_across_replicas_and_workers(two_workers):
+    reports, _ = two_workers
+    assert reports[0]["components_equal"] and reports[1]["components_equal"]
+    assert reports[0]["w_bytes"] == reports[1]["w_bytes"]
+    # the dense gradient all-reduced and the embedding's sparse rows all-gathered over MPI
+    assert reports[0]["collective_ops"] == ["mpi_all_gather", "mpi_all_reduce"]
+
+
+def test_replica_ids_reductions_and_sync_on_read_are_global(two_workers):
+    reports, _ = two_workers
+    assert reports[0]["replica_ids"] == [0, 1] and reports[1]["replica_ids"] == [2, 3]
+    for r in reports.values():                 # replicas hold 1, 2, 3, 4
+        assert r["eager_sum"] == 10.0 and r["eager_mean"] == 2.5 and r["traced_sum"] == 20.0
+        assert r["on_read_sum"] == 10.0 and r["on_read_mean"] == 2.5
+
+
+def test_the_chief_writes_one_checkpoint_that_restores_onto_other_layouts(two_workers):
+    reports, out = two_workers
+    assert reports[0]["checkpoint"] == reports[1]["checkpoint"] == os.path.join(out,
+                                                                                 "ckpt.npz")
+    assert os.listdir(out).count("ckpt.npz") == 1 and not any(
+        name.endswith(".tmp") for name in os.listdir(out))
+    for strategy in (gd.MirroredStrategy([f"cpu:{i}" for i in range(4)]),
+                     gd.OneDeviceStrategy("cpu:0")):
+        with strategy.scope():
+            w = gd.Variable(np.zeros((8, 3), np.float32))
+            table = gd.Variable(np.zeros((500, 3), np.float32))
+            opt = gd.optimizers.Adam(0.05)
+        gd.Checkpoint(w=w, table=table, opt=opt).restore(reports[0]["checkpoint"])
+        np.testing.assert_array_equal(w.numpy(), np.asarray(reports[0]["w"], np.float32))
+        assert int(opt.iterations.numpy()) == 4
+        assert all(np.array_equal(c, w.values[0]) for c in w.values)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "graphdist launch"])
+def test_a_failing_worker_makes_the_other_raise_naming_it_and_the_launch_fail(launcher,
+                                                                             tmp_path):
+    script = os.path.join(HERE, "mpi", "worker_fails.py")
+    command = ([MPIEXEC, "-n", "2", sys.executable, script, str(tmp_path)]
+               if launcher == "mpiexec" else
+               [sys.executable, "-m", "graphdist", "launch", "-n", "2", script, str(tmp_path)])
+    done, reports = _run(command, str(tmp_path))
+    assert done.returncode != 0
+    assert reports[1]["raised"] == "ValueError" and "labels in [0, 3)" in reports[1]["message"]
+    assert reports[0]["raised"] == "WorkerError"
+    assert "worker 1 failed" in reports[0]["message"] and "labels" in reports[0]["message"]
+    assert reports[0]["seconds"] < 10             # well within the 20 s collective timeout
+
+
+def test_strategy_arguments_are_checked():
+    with pytest.raises(ValueError, match="cross_device_ops must be None"):
+        gd.MultiWorkerMirroredStrategy(cross_device_ops=gd.RingAllReduce())
