@@ -68,12 +68,12 @@ def accuracy(model, x, y) -> float:
 
 
 def train(devices: int = 1, steps: int = 300, batch_size: int = 128, learning_rate=3e-3,
-          seed: int = 0, on_step=None, kind: str = "cpu", dropout: float = 0.0) -> dict:
+          seed: int = 0, on_step=None, kind: str = "cpu", dropout: float = 0.0, workers: bool | None = None) -> dict:
     """Train for `steps` steps on `devices` devices of `kind`; returns the final loss,
     held-out accuracy, the trained parameters and the step."""
     x_train, y_train = load_digits("train")
     x_test, y_test = load_digits("test")
-    strategy = make_strategy(devices, kind)
+    strategy = make_strategy(devices, kind, workers)
     with strategy.scope():
         model = make_model(seed, dropout)
         model(images(x_train[:1]))             # build: variables made under the strategy

@@ -177,11 +177,11 @@ def sample(model, data: CharData, prompt: str, length: int = 200, temperature: f
 def train(devices: int = 1, steps: int = 600, batch_size: int = 32, context: int = 64,
           width: int = 128, layers: int = 2, heads: int = 4, learning_rate: float = 3e-3,
           seed: int = 0, on_step=None, kind: str = "cpu", evaluate: bool = True,
-          text: str | None = None) -> dict:
+          text: str | None = None, workers: bool | None = None) -> dict:
     """Train for `steps` steps on `devices` devices of `kind`; returns the final loss, the
     held-out and bigram losses, the trained parameters, the model and the step."""
     data = CharData(load_text() if text is None else text)
-    strategy = make_strategy(devices, kind)
+    strategy = make_strategy(devices, kind, workers)
     with strategy.scope():
         # the initial weights: the strategy's global generator, seeded (the same on any count)
         gd.random.set_global_generator(gd.random.Generator(seed))

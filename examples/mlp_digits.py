@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 
@@ -75,9 +76,19 @@ def make_multi_step(strategy, params, optimizer):
     return fn
 
 
-def make_strategy(devices: int, kind: str = "cpu"):
+def launched_workers() -> int:
+    """How many worker processes `graphdist launch` (or mpiexec) started: MPICH's PMI_SIZE."""
+    return int(os.environ.get("PMI_SIZE", "1"))
+
+
+def make_strategy(devices: int, kind: str = "cpu", workers: bool | None = None):
     """`devices` logical CPU devices, or logical GPUs (splitting the physical ones when
-    there are fewer)."""
+    there are fewer). Started as several workers (`graphdist launch -n W`), and unless
+    `workers` is False: a MultiWorkerMirroredStrategy with `devices` devices per worker."""
+    if workers is None:
+        workers = launched_workers() > 1
+    if workers and kind == "cpu":
+        return gd.MultiWorkerMirroredStrategy([f"cpu:{i}" for i in range(devices)])
     if kind == "gpu" and len(gd.devices("gpu")) < devices:
         gd.config.set_logical_device_count("gpu", devices)
     if devices == 1:
@@ -91,13 +102,13 @@ def accuracy(params, x, y) -> float:
 
 
 def train(devices: int = 1, steps: int = 300, batch_size: int = 128, learning_rate=1e-2,
-          seed: int = 0, on_step=None, kind: str = "cpu", steps_per_call: int = 10) -> dict:
+          seed: int = 0, on_step=None, kind: str = "cpu", steps_per_call: int = 10, workers: bool | None = None) -> dict:
     """Train for `steps` steps on `devices` devices of `kind` ("cpu" or "gpu"),
     `steps_per_call` steps per call of strategy.experimental_run_steps; returns the final
     loss, the loss after each call, the held-out accuracy and the compiled step."""
     x_train, y_train = load_digits("train")
     x_test, y_test = load_digits("test")
-    strategy = make_strategy(devices, kind)
+    strategy = make_strategy(devices, kind, workers)
     with strategy.scope():
         names = ["dense1/w", "dense1/b", "dense2/w", "dense2/b"]
         params = [gd.Variable(p, name=n) for p, n in zip(init_params(seed), names)]

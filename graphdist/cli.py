@@ -15,6 +15,9 @@ def _demo(args) -> int:
     from graphdist.examples import cnn_digits, gpt_chars, mlp_digits
     from graphdist.progress import ProgressBar
 
+    workers = mlp_digits.launched_workers()
+    if workers > 1 and os.environ.get("PMI_RANK", "0") != "0":     # the chief reports
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
     kind = "gpu" if args.gpu else "cpu"
     if kind == "gpu" and not gd.devices("gpu"):
         print("graphdist demo --gpu: no GPU here (needs CuPy and a CUDA device)")
@@ -25,7 +28,8 @@ def _demo(args) -> int:
                      "gpt": (gpt_chars, "a character-level GPT (2 layers, 4 heads, width "
                                         "128, context 64) on Python's reference docs")
                      }[args.model]
-    print(f"graphdist demo: {what}, {args.devices} {kind} device(s), {args.steps} steps")
+    where = f"{workers} workers x " if workers > 1 else ""
+    print(f"graphdist demo: {what}, {where}{args.devices} {kind} device(s), {args.steps} steps")
     bar = ProgressBar(args.steps)
     result = example.train(args.devices, args.steps, kind=kind,
                            on_step=lambda i, n, loss: bar.update(i, f"loss {loss:.4f}"))
@@ -37,8 +41,8 @@ def _demo(args) -> int:
                                                   length=120)))
     else:
         print(f"final loss {result['loss']:.4f}   held-out accuracy {result['accuracy']:.1%}")
-    if args.devices > 1:
-        reference = example.train(1, args.steps, kind=kind, **(
+    if args.devices > 1 or workers > 1:
+        reference = example.train(1, args.steps, kind=kind, workers=False, **(
             {"evaluate": False} if args.model == "gpt" else {}))
         diff = max(float(np.max(np.abs(a - b))) for a, b in
                    zip(result["params"], reference["params"]))
@@ -175,13 +179,23 @@ def _launch(args) -> int:
         print("graphdist launch: no mpiexec found; install the mpi extra: pip install "
               "'graphdist[mpi]' (mpi4py and mpich)", file=sys.stderr)
         return 2
-    if not os.path.exists(args.script):
+    if args.module is not None:
+        if not args.module:
+            print("graphdist launch: -m needs a module name", file=sys.stderr)
+            return 2
+        target = ["-m", *args.module]
+    elif args.script is None:
+        print("graphdist launch: give a script (or -m MODULE) to run", file=sys.stderr)
+        return 2
+    elif not os.path.exists(args.script):
         print(f"graphdist launch: no such script: {args.script}", file=sys.stderr)
         return 2
+    else:
+        target = [args.script, *args.script_args]
     env = dict(os.environ)
     if args.devices_per_worker:
         env["GRAPHDIST_DEVICES_PER_WORKER"] = str(args.devices_per_worker)
-    command = [mpiexec, "-n", str(args.n), sys.executable, args.script, *args.script_args]
+    command = [mpiexec, "-n", str(args.n), sys.executable, *target]
     try:
         return subprocess.call(command, env=env)
     except KeyboardInterrupt:
@@ -241,7 +255,10 @@ def main(argv=None) -> int:
                         help="worker processes (MPI ranks)")
     launch.add_argument("--devices-per-worker", type=_positive, default=None, metavar="K",
                         help="logical CPU devices each worker's strategy uses by default")
-    launch.add_argument("script")
+    launch.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
+                        help="run a module as python -m does (graphdist launch -n 2 -m "
+                             "graphdist demo), its arguments passed through")
+    launch.add_argument("script", nargs="?")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
                         help="the script's own arguments, passed through untouched")
     args = parser.parse_args(argv)

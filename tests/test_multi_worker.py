@@ -115,3 +115,22 @@ def test_a_failing_worker_makes_the_other_raise_naming_it_and_the_launch_fail(la
 def test_strategy_arguments_are_checked():
     with pytest.raises(ValueError, match="cross_device_ops must be None"):
         gd.MultiWorkerMirroredStrategy(cross_device_ops=gd.RingAllReduce())
+
+
+def test_the_demo_runs_under_graphdist_launch():
+    done = subprocess.run([sys.executable, "-m", "graphdist", "launch", "-n", "2", "-m",
+                           "graphdist", "demo", "--devices", "2", "--steps", "20", "--html", ""],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "2 workers x 2 cpu device(s)" in out and out.count("final loss") == 1  # the chief
+    diff = float(out.split("max |parameter difference| vs one device: ")[1].split()[0])
+    assert diff < 1e-4
+    assert "mpi_all_reduce" in out
+
+
+def test_launch_checks_its_arguments(tmp_path):
+    from graphdist.cli import main
+
+    assert main(["launch", "-n", "2", str(tmp_path / "missing.py")]) == 2
+    assert main(["launch", "-n", "2"]) == 2
