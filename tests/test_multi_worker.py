@@ -43,8 +43,10 @@ def _run(command, out_dir, timeout=120):
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("workers"))
+    single = os.path.join(str(tmp_path_factory.mktemp("single")), "one.npz")
+    gd.Checkpoint(w=gd.Variable(np.arange(24, dtype=np.float32).reshape(8, 3))).save(single)
     done, reports = _run([MPIEXEC, "-n", "2", sys.executable,
-                          os.path.join(HERE, "mpi", "worker_checks.py"), out, "2"], out)
+                          os.path.join(HERE, "mpi", "worker_checks.py"), out, "2", single], out)
     assert done.returncode == 0, done.stdout + done.stderr
     return reports, out
 
@@ -77,6 +79,13 @@ def test_replica_ids_reductions_and_sync_on_read_are_global(two_workers):
     for r in reports.values():                 # replicas hold 1, 2, 3, 4
         assert r["eager_sum"] == 10.0 and r["eager_mean"] == 2.5 and r["traced_sum"] == 20.0
         assert r["on_read_sum"] == 10.0 and r["on_read_mean"] == 2.5
+
+
+def test_a_single_process_checkpoint_restores_onto_the_workers(two_workers):
+    reports, _ = two_workers
+    for r in reports.values():
+        np.testing.assert_array_equal(r["restored_from_single"], np.arange(24).reshape(8, 3))
+        assert r["restored_components_equal"]
 
 
 def test_the_chief_writes_one_checkpoint_that_restores_onto_other_layouts(two_workers):
@@ -134,3 +143,20 @@ def test_launch_checks_its_arguments(tmp_path):
 
     assert main(["launch", "-n", "2", str(tmp_path / "missing.py")]) == 2
     assert main(["launch", "-n", "2"]) == 2
+
+
+def test_a_worker_that_dies_ends_the_launch_with_an_error(tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os, numpy as np, graphdist as gd\n"
+        "gd.config.set_collective_timeout(20.0)\n"
+        "s = gd.MultiWorkerMirroredStrategy(['cpu:0'])\n"
+        "step = gd.function(lambda x: s.run(lambda v: gd.get_replica_context()"
+        ".all_reduce('sum', v), args=(x,)))\n"
+        "step(np.ones(4, np.float32))\n"
+        "if s.worker_index == 1:\n"
+        "    os._exit(5)\n"
+        "step(np.ones(4, np.float32))\n")
+    done = subprocess.run([sys.executable, "-m", "graphdist", "launch", "-n", "2",
+                           str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0

@@ -12,7 +12,7 @@ import graphdist as gd
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training import train  # noqa: E402
 
-out_dir, local = sys.argv[1], int(sys.argv[2])
+out_dir, local, single = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 strategy = gd.MultiWorkerMirroredStrategy([f"cpu:{i}" for i in range(local)])
 rank, report = strategy.worker_index, {}
 
@@ -59,6 +59,13 @@ report["on_read_mean"] = float(mean.numpy())
 path = gd.Checkpoint(w=w, table=table, opt=opt).save(os.path.join(out_dir, "ckpt.npz"))
 report["checkpoint"] = path
 report["checkpoint_exists"] = os.path.exists(path)
+
+# ---- a checkpoint written by one process restores onto the workers
+with strategy.scope():
+    w2 = gd.Variable(np.zeros((8, 3), np.float32))
+gd.Checkpoint(w=w2).restore(single)
+report["restored_from_single"] = w2.numpy().tolist()
+report["restored_components_equal"] = all(np.array_equal(w2.values[0], c) for c in w2.values)
 
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(report, f)
