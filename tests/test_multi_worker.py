@@ -79,6 +79,7 @@ def test_replica_ids_reductions_and_sync_on_read_are_global(two_workers):
     for r in reports.values():                 # replicas hold 1, 2, 3, 4
         assert r["eager_sum"] == 10.0 and r["eager_mean"] == 2.5 and r["traced_sum"] == 20.0
         assert r["on_read_sum"] == 10.0 and r["on_read_mean"] == 2.5
+        assert r["value_of_replica_3"] == 4.0       # an mpi_broadcast from worker 1
 
 
 def test_a_single_process_checkpoint_restores_onto_the_workers(two_workers):

@@ -453,6 +453,9 @@ INTERNAL_TESTED_ELSEWHERE = {
     "adam_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
     "host_all_reduce": "tests/test_cross_device_ops.py (a lowering of all_reduce)",
     "host_all_gather": "tests/test_sparse.py (a lowering of all_gather)",
+    "mpi_all_reduce": "tests/test_multi_worker.py (2 MPI workers; needs a process group)",
+    "mpi_all_gather": "tests/test_multi_worker.py (sparse gradients across 2 workers)",
+    "mpi_broadcast": "tests/test_multi_worker.py (made by the mpi lowering of broadcast)",
     "nccl_all_reduce": "tests/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
     "host_reduce_update": "tests/test_reduce_update.py (made by fuse_reduce_update)",
 }

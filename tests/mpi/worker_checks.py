@@ -36,6 +36,9 @@ report["eager_mean"] = float(strategy.reduce("mean", per, axis=None))
 traced = gd.function(lambda v: strategy.reduce("sum", strategy.run(lambda a: a * 2.0,
                                                                    args=(v,)), axis=None))
 report["traced_sum"] = float(traced(per))
+# cross-replica code reading one replica's value: a broadcast from worker 1's replica 3
+last = gd.function(lambda v: strategy.run(lambda a: a * 1.0, args=(v,)).values[3] * 1.0)
+report["value_of_replica_3"] = float(last(per))
 
 # ---- sync-on-read variables aggregate across workers
 with strategy.scope():
