@@ -34,6 +34,8 @@ from graphdist.ops.einsum import einsum
 from graphdist.ops.special import cos, sin
 from graphdist.ops.clip import clip_by_global_norm
 from graphdist.function import function
+from graphdist.benchmark import benchmark
+from graphdist.simulate import simulate
 from graphdist.ops.sparse import IndexedSlices, gather
 from graphdist.trace import Tensor, name_scope
 from graphdist.variables import Variable
@@ -48,13 +50,13 @@ __all__ = [
     "OneDeviceStrategy", "PerReplica", "ReduceOp", "ReductionToOneDevice", "ReplicaContext",
     "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",
     "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "arange", "argmax",
-    "broadcast_to", "cast", "choose_cross_device_ops", "clip_by_global_norm", "clip_by_value",
-    "concat", "config", "cos",
+    "benchmark", "broadcast_to", "cast", "choose_cross_device_ops", "clip_by_global_norm",
+    "clip_by_value", "concat", "config", "cos",
     "data", "devices", "divide", "einsum", "equal", "exp", "expand_dims", "function",
     "gather", "get_replica_context", "get_strategy", "greater", "greater_equal", "has_strategy",
     "in_cross_replica_context", "initializers", "less", "less_equal", "log", "matmul",
     "maximum", "minimum", "multiply", "name_scope", "negative", "nn", "not_equal", "one_hot",
     "ones_like", "optimizers", "pad", "power", "random", "reduce_max", "reduce_mean",
-    "reduce_min", "reduce_sum", "relu", "reshape", "shape", "sigmoid", "sin", "split", "sqrt", "square", "squeeze", "stack", "stop_gradient",
+    "reduce_min", "reduce_sum", "relu", "reshape", "shape", "sigmoid", "simulate", "sin", "split", "sqrt", "square", "squeeze", "stack", "stop_gradient",
     "subtract", "tanh", "transpose", "value_and_grad", "where", "zeros_like",
 ]

@@ -1,4 +1,4 @@
-"""The `graphdist` command: demo, devices, show and bench."""
+"""The `graphdist` command: demo, devices, show, bench, launch and simulate."""
 
 from __future__ import annotations
 
@@ -66,12 +66,21 @@ def _devices(args) -> int:
     return 0
 
 
-def _load(spec: str):
+def _load(spec: str, command: str = "show", what: str = "FUNCTION"):
     module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit(f"graphdist show: expected MODULE:FUNCTION, got {spec!r}")
+    if not module_name or not attr:
+        raise SystemExit(f"graphdist {command}: expected MODULE:{what}, got {spec!r}")
     sys.path.insert(0, ".")
-    return getattr(importlib.import_module(module_name), attr)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module_name + ".").startswith(e.name + "."):
+            raise                                  # the module itself imports a missing one
+        raise SystemExit(f"graphdist {command}: no module {module_name!r} (from {spec!r}); run "
+                         "from the folder that holds it, or put it on PYTHONPATH") from None
+    if not hasattr(module, attr):
+        raise SystemExit(f"graphdist {command}: module {module_name!r} has no {attr!r}")
+    return getattr(module, attr)
 
 
 def _find_graph(value, function_type, depth: int = 3):
@@ -153,17 +162,57 @@ def _print_stages(f, only: str | None) -> int:
 
 
 def _bench(args) -> int:
-    """The benchmarks live in the checkout's bench/ (not installed): found from the current
-    directory, as `python -m bench` would."""
+    """Times MODULE:BUILDER's step per device count (graphdist/benchmark.py); --suite and
+    --list run the project's own suite instead."""
+    import json
+
+    from graphdist.benchmark import BuilderError, benchmark, format_table
+
+    if args.suite is not None or args.list:
+        return _suite(args)
+    if args.target is None:
+        args.print_help(sys.stderr)
+        return 2
+    if ":" not in args.target:
+        print(f"graphdist bench: expected MODULE:BUILDER, got {args.target!r} (the project's "
+              "own benchmarks run with graphdist bench --suite [NAME ...])", file=sys.stderr)
+        return 2
+    try:
+        rows = benchmark(_load(args.target, "bench", "BUILDER"), args.devices, args.steps,
+                         args.mode, progress=True)
+    except BuilderError as e:
+        print(f"graphdist bench: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows, (
+        f"graphdist bench {args.target}: {args.steps} timed calls per device count after the "
+        f"first and 2 warm-up calls, mode {rows[0]['mode']}\ncompute and collective: one "
+        "profiled call, its node times summed over its devices")))
+    return 0
+
+
+def _suite(args) -> int:
+    """The project's suite lives in the checkout's bench/ (not installed): found from the
+    current directory, as `python -m bench` would."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        runner = importlib.import_module("bench.__main__")
-    except ModuleNotFoundError:
-        print("graphdist bench: no bench/ package here; run it from the root of a graphdist "
-              "source checkout", file=sys.stderr)
+    runner = None
+    if os.path.isfile(os.path.join("bench", "__main__.py")):
+        try:
+            runner = importlib.import_module("bench.__main__")
+        except ModuleNotFoundError as e:
+            if e.name not in (None, "bench", "bench.__main__"):
+                raise                             # the suite needs a module it lacks
+    if not hasattr(runner, "BENCHMARKS"):
+        print("graphdist bench --suite/--list: no bench/ package here; the project's suite "
+              "runs from the root of a graphdist source checkout (graphdist bench "
+              "MODULE:BUILDER times your own step from anywhere)", file=sys.stderr)
         return 2
-    return int(runner.main(args.rest) or 0)
+    if args.list:
+        print("\n".join(runner.BENCHMARKS))
+        return 0
+    names = ([args.target] if args.target else []) + args.suite
+    rest = names + (["--out", args.out] if args.out else []) + (["--save"] if args.save else [])
+    return int(runner.main(rest) or 0)
 
 
 def _launch(args) -> int:
@@ -202,6 +251,30 @@ def _launch(args) -> int:
         return 130
 
 
+def _simulate(args) -> int:
+    """Predicted step time per device count of a builder's step (graphdist/simulate.py)."""
+    import json
+
+    from graphdist.simulate import simulate
+
+    try:
+        counts = [int(n) for n in args.devices.split(",") if n.strip()]
+        rows = simulate(_load(args.target), counts, link=args.link,
+                        cross_device_ops=args.cross_device_ops, calibration=args.calibration,
+                        recalibrate=args.calibrate, shared_host=args.shared_host)
+    except ValueError as e:
+        print(f"graphdist simulate: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'devices':>8} {'step ms':>10} {'compute ms':>11} {'comm ms':>10} {'efficiency':>10}")
+    for r in rows:
+        print(f"{r['devices']:>8} {r['step_s'] * 1e3:>10.3f} {r['compute_s'] * 1e3:>11.3f} "
+              f"{r['comm_s'] * 1e3:>10.3f} {r['efficiency']:>10.3f}")
+    return 0
+
+
 MERGED_HELP = ("opt-in: run logical CPU replicas merged into one batched program (the "
                "default runs, and shows, one copy per device with its collectives)")
 
@@ -215,6 +288,16 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
     return value
+
+
+def _device_counts(text: str) -> list[int]:
+    """argparse type of bench's --devices: "1,2,4" as [1, 2, 4]."""
+    from graphdist.benchmark import device_counts
+
+    try:
+        return device_counts(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv=None) -> int:
@@ -245,10 +328,28 @@ def main(argv=None) -> int:
                       help="print the graph after every stage of the compile pipeline")
     show.add_argument("--stage", default=None, metavar="NAME",
                       help="print the graph after one stage (see --stages for the names)")
-    bench = sub.add_parser("bench", help="run the benchmarks in bench/ (from a source checkout)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, metavar="...",
-                       help="what `python -m bench` takes: benchmark names (default: all), "
-                            "--out DIR, --save (see python -m bench --help)")
+    bench = sub.add_parser("bench", help="time your own step (MODULE:BUILDER) per device "
+                           "count, or run the project's suite (--suite, from a checkout)")
+    bench.add_argument("target", nargs="?", metavar="MODULE:BUILDER",
+                       help="a function of the device count n returning (f, args): a "
+                            "gd.function on n devices and the arguments to call it with")
+    bench.add_argument("--devices", type=_device_counts, default=[1, 2, 4], metavar="1,2,4",
+                       help="device counts to time (default 1,2,4)")
+    bench.add_argument("--steps", type=_positive, default=20,
+                       help="timed calls per device count, after the first (compiling) call "
+                            "and 2 warm-up calls (default 20)")
+    bench.add_argument("--mode", choices=("auto", "sequential", "threads", "merged"),
+                       default=None, help="gd.config.set_device_concurrency for the run")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--suite", nargs="*", default=None, metavar="NAME",
+                       help="run the project's benchmarks in bench/ instead (default: all; "
+                            "from a source checkout; see python -m bench --help)")
+    bench.add_argument("--list", action="store_true", help="name the suite's benchmarks")
+    bench.add_argument("--out", default=None, metavar="DIR",
+                       help="--suite: write NAME.json into DIR")
+    bench.add_argument("--save", action="store_true",
+                       help="--suite: overwrite the committed results in bench/results/")
+    bench.set_defaults(print_help=bench.print_help)
     launch = sub.add_parser("launch", help="run a script as W worker processes under MPI "
                             "(for gd.MultiWorkerMirroredStrategy)")
     launch.add_argument("-n", type=_positive, required=True, metavar="W",
@@ -261,9 +362,26 @@ def main(argv=None) -> int:
     launch.add_argument("script", nargs="?")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
                         help="the script's own arguments, passed through untouched")
+    simulate = sub.add_parser("simulate", help="predict the step time of MODULE:BUILDER on "
+                              "device counts past this machine (calibrated op costs + a link)")
+    simulate.add_argument("target", metavar="MODULE:BUILDER")
+    simulate.add_argument("--devices", default="1,2,4,64,1024", help="comma-separated counts")
+    simulate.add_argument("--link", default=None, help="latency=5us,bandwidth=25GB/s "
+                          "(default; with --shared-host: the calibrated host copy)")
+    simulate.add_argument("--cross-device-ops", default=None, metavar="NAME",
+                          help="ring, hierarchical, one_device, host, nccl or mpi (default: "
+                               "the builder's; its host all-reduce becomes ring)")
+    simulate.add_argument("--calibrate", action="store_true",
+                          help="measure this machine again and rewrite the calibration file")
+    simulate.add_argument("--calibration", default=None, metavar="PATH",
+                          help="the calibration file (default $GRAPHDIST_CALIBRATION or "
+                               "~/.cache/graphdist/calibration.json)")
+    simulate.add_argument("--shared-host", action="store_true",
+                          help="devices are logical devices of this host (run one by one)")
+    simulate.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench,
-                "launch": _launch}
+                "launch": _launch, "simulate": _simulate}
     from graphdist import config
 
     before = config.device_concurrency()

@@ -6,3 +6,4 @@ import os
 
 DEBUG = int(os.environ.get("GRAPHDIST_DEBUG", "0") or 0)
 CHECK = os.environ.get("GRAPHDIST_CHECK", "0") not in ("", "0")
+CALIBRATION = os.environ.get("GRAPHDIST_CALIBRATION", "")   # gd.simulate's calibration file

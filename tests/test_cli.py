@@ -94,14 +94,14 @@ def test_cli_bench_finds_the_checkout_and_checks_names(tmp_path, monkeypatch, ca
     import graphdist.cli as cli
 
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
-    assert main(["bench", "no_such_benchmark"]) == 2     # checked before anything runs
+    assert main(["bench", "--suite", "no_such_benchmark"]) == 2  # checked before it runs
     assert "no_such_benchmark" in capsys.readouterr().err
 
     def no_bench(name):
         raise ModuleNotFoundError(name)
 
     monkeypatch.setattr(cli.importlib, "import_module", no_bench)
-    assert main(["bench", "overhead"]) == 2
+    assert main(["bench", "--suite", "overhead"]) == 2
     assert "source checkout" in capsys.readouterr().err
 
 
@@ -196,12 +196,12 @@ def test_bench_never_overwrites_committed_results_unless_asked(tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "bench.overhead", fake)   # what the runner imports
 
     assert runner.main(["overhead"]) == 0                  # python -m bench overhead
-    assert main(["bench", "overhead"]) == 0                # graphdist bench overhead
+    assert main(["bench", "--suite", "overhead"]) == 0     # graphdist bench --suite ...
     runs = sorted((committed / "runs").glob("overhead-*.json"))
     assert len(runs) == 2 and all('"value": 1' in p.read_text() for p in runs)
     assert (committed / "overhead.json").read_text() == '{"committed": true}'
     out = tmp_path / "mine"
-    assert main(["bench", "overhead", "--out", str(out)]) == 0
+    assert main(["bench", "--suite", "overhead", "--out", str(out)]) == 0
     assert '"value": 1' in (out / "overhead.json").read_text()
     assert (committed / "overhead.json").read_text() == '{"committed": true}'
     assert runner.main(["overhead", "--save"]) == 0       # only when asked
