@@ -102,20 +102,23 @@ class Group:
                               f"waited in {what}: {text}")
 
     def _wait(self, request, what: str) -> None:
-        """Wait for `request`: spin briefly (a collective between processes on one host
-        completes in microseconds), then poll with growing sleeps up to 1 ms."""
-        if request.Test():
-            return
+        """Wait for `request` as a blocking MPI call would, by polling it: MPICH makes
+        progress on a collective only inside such calls, so a sleep between polls would
+        stall every round of a large all-reduce. Every millisecond it also looks for a
+        peer's abort notice and the timeout; after 50 ms (a peer is late) it polls less
+        eagerly, leaving the core to other work."""
         timeout = config.collective_timeout()
         start = time.perf_counter()
-        pause = 0.0
+        check = start + 1e-3
         while not request.Test():
+            now = time.perf_counter()
+            if now < check:
+                continue
             self._check_notices(what)
-            waited = time.perf_counter() - start
-            if waited > timeout:
+            if now - start > timeout:
                 raise WorkerError(f"worker {self.rank}: timed out after {timeout:g} s in {what} "
                                   "(a worker died or stopped calling the step; "
                                   "gd.config.set_collective_timeout to change)")
-            if waited > 1e-4:
-                pause = min(1e-3, pause * 2 or 1e-5)
-                time.sleep(pause)
+            check = now + 1e-3
+            if now - start > 0.05:
+                time.sleep(1e-4)
