@@ -21,13 +21,25 @@ def data(seed: int = 1):
     return x, y
 
 
-def init(seed: int = 0):
+def init(seed: int = 0, sizes=SIZES):
+    """He-normal weights and zero biases of an MLP with these layer sizes."""
     rng = np.random.default_rng(seed)
     params = []
-    for a, b in zip(SIZES[:-1], SIZES[1:]):
+    for a, b in zip(sizes[:-1], sizes[1:]):
         params += [(rng.standard_normal((a, b)) * np.sqrt(2 / a)).astype(np.float32),
                    np.zeros(b, np.float32)]
     return params
+
+
+def digits():
+    """The UCI digits as graphdist.datasets.load_digits() gives them (1,797 x 64 float32
+    in [0, 1], int32 labels), read from its file without importing graphdist."""
+    from pathlib import Path
+
+    with np.load(Path(__file__).resolve().parents[2] / "graphdist/datasets/digits.npz") as d:
+        images, labels = d["images"], d["labels"]
+    return (images.reshape(len(images), 64).astype(np.float32) / np.float32(16.0),
+            labels.astype(np.int32))
 
 
 def time_steps(step, sync=lambda r: r, warmup: int = 5, repeat: int = 20) -> dict:
