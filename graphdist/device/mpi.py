@@ -44,6 +44,13 @@ class Group:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._sent: list = []
+        # the workers on this host share its cores (BLAS and kernel threads per worker)
+        host = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        self.on_this_host = host.Get_size()
+        host.Free()
+        from graphdist.device import threads
+
+        threads.set_processes_per_host(self.on_this_host)
 
     def __repr__(self) -> str:
         return f"<MPI group: rank {self.rank} of {self.size}>"

@@ -52,11 +52,26 @@ _lock = threading.Lock()
 _blas_now = [None]
 
 
+_processes_per_host = [1]
+
+
+def set_processes_per_host(count: int) -> None:
+    """Worker processes sharing this host (a multi-worker strategy's workers on one
+    machine): each then counts its share of the cores as its own."""
+    _processes_per_host[0] = max(1, int(count))
+
+
 def cores() -> int:
+    """The cores this process may use: those it may run on, divided among the worker
+    processes of this host when they are not pinned apart."""
     try:
-        return len(os.sched_getaffinity(0))
+        mine = len(os.sched_getaffinity(0))
+        total = os.cpu_count() or mine
     except AttributeError:
-        return os.cpu_count() or 1
+        mine = total = os.cpu_count() or 1
+    if mine < total:          # pinned (mpiexec -bind-to core): these are ours alone
+        return mine
+    return max(1, mine // _processes_per_host[0])
 
 
 def share(workers: int) -> int:
