@@ -8,7 +8,8 @@ import importlib
 import sys
 
 BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update",
-              "mirrored_mlp", "cnn", "gpt", "gpu"]
+              "mirrored_mlp", "cnn", "gpt", "gpu", "run_steps", "multi_worker",
+              "simulate"]
 
 
 def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
@@ -39,7 +40,9 @@ def main(argv=None) -> int:
     for name in args.names or BENCHMARKS:
         print(f"==== bench.{name}")
         module = importlib.import_module(f"bench.{name}")
-        module.main(*([[]] if name in ("mirrored_mlp", "gpu", "cnn", "gpt") else []))
+        module.main(*([[]] if name in ("mirrored_mlp", "gpu", "cnn", "gpt",
+                                       "run_steps", "multi_worker", "simulate")
+                               else []))
     return 0
 
 
