@@ -266,16 +266,24 @@ def _one_hot_shape(indices, *, depth, dtype, checked_for=""):
     return ArrayType(indices.shape + (depth,), dtype)
 
 
+def out_of_range(xp, indices, limit: int):
+    """(the first index outside [0, limit), where it is, how many are), or None. Two
+    O(n) reductions when all are in range."""
+    if not indices.size or (int(indices.min()) >= 0 and int(indices.max()) < limit):
+        return None
+    bad = (indices < 0) | (indices >= limit)
+    at = tuple(int(k[0]) for k in xp.nonzero(bad))
+    return int(indices[at]), (at[0] if len(at) == 1 else at), int(bad.sum())
+
+
 @one_hot_p.def_impl
 def _one_hot_impl(xp, i, *, depth, dtype, checked_for=""):
-    # two O(batch) reductions of the labels, beside the O(batch x depth) one-hot itself
-    if checked_for and i.size and (i.min() < 0 or i.max() >= depth):
-        bad = (i < 0) | (i >= depth)
-        at = tuple(int(k[0]) for k in xp.nonzero(bad))
+    bad = out_of_range(xp, i, depth) if checked_for else None
+    if bad is not None:
+        value, at, count = bad
         raise ValueError(f"{checked_for}: expected labels in [0, {depth}) (the logits have "
-                         f"{depth} classes), got {int(i[at])} at index "
-                         f"{at[0] if len(at) == 1 else at} of the "
-                         f"labels of shape {tuple(i.shape)} ({int(bad.sum())} out of range)")
+                         f"{depth} classes), got {value} at index {at} of the "
+                         f"labels of shape {tuple(i.shape)} ({count} out of range)")
     return (i[..., None] == xp.arange(depth, dtype=i.dtype)).astype(dtype)
 
 

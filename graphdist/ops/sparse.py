@@ -17,6 +17,7 @@ import numpy as np
 
 from graphdist.errors import ShapeError
 from graphdist.ir.types import ArrayType
+from graphdist.ops.array import out_of_range
 from graphdist.ops.core import Op, Symbolic, bind
 
 
@@ -88,13 +89,12 @@ def _gather_shape(params, indices):
 
 def check_rows(op_name: str, xp, indices, rows: int) -> None:
     """Out-of-range indices raise, as TF does on CPU (numpy would wrap negative ones)."""
-    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= rows):
-        bad = (indices < 0) | (indices >= rows)
-        at = tuple(int(k[0]) for k in xp.nonzero(bad))
-        raise IndexError(f"{op_name}: index {int(indices[at])} at {at if len(at) > 1 else at[0]}"
-                         f" of the indices {tuple(indices.shape)} is out of range for "
-                         f"{rows} rows (expected 0 <= index < {rows}; "
-                         f"{int(bad.sum())} out of range)")
+    bad = out_of_range(xp, indices, rows)
+    if bad is not None:
+        value, at, count = bad
+        raise IndexError(f"{op_name}: index {value} at {at} of the indices "
+                         f"{tuple(indices.shape)} is out of range for {rows} rows (expected "
+                         f"0 <= index < {rows}; {count} out of range)")
 
 
 @gather_p.def_impl

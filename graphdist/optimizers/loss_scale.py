@@ -28,6 +28,7 @@ from graphdist.ops.math import (
     where,
 )
 from graphdist.ops.sparse import IndexedSlices
+from graphdist.optimizers.optimizer import apply_eagerly
 from graphdist.variables import Variable, assign_synced_if
 
 
@@ -187,14 +188,7 @@ class LossScaleOptimizer:
         self._good_steps.assign_synced(new_count)
 
     def _apply_eagerly(self, pairs, all_reduce: bool):
-        variables = tuple(v for _, v in pairs)
-        fn = self._eager_steps.get((variables, all_reduce))
-        if fn is None:
-            from graphdist.function import function
-
-            fn = function(lambda grads: self.apply_gradients(zip(grads, variables), all_reduce))
-            self._eager_steps[(variables, all_reduce)] = fn
-        return fn([np.asarray(g, dtype=v.dtype) for g, v in pairs])
+        return apply_eagerly(self, pairs, all_reduce)
 
     def __repr__(self) -> str:
         return (f"<gd.optimizers.LossScaleOptimizer of {type(self.inner_optimizer).__name__}, "

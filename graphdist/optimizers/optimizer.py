@@ -179,14 +179,7 @@ class Optimizer:
         return step
 
     def _apply_eagerly(self, pairs, all_reduce: bool = True):
-        variables = tuple(v for _, v in pairs)
-        fn = self._eager_steps.get((variables, all_reduce))
-        if fn is None:
-            from graphdist.function import function
-
-            fn = function(lambda grads: self.apply_gradients(zip(grads, variables), all_reduce))
-            self._eager_steps[(variables, all_reduce)] = fn
-        return fn([np.asarray(g, dtype=v.dtype) for g, v in pairs])
+        return apply_eagerly(self, pairs, all_reduce)
 
     def _clip(self, pairs) -> list:
         """Keras's clipnorm (each gradient to norm <= clipnorm) and global_clipnorm (all of
@@ -212,6 +205,19 @@ class Optimizer:
     def variables(self) -> list:
         """iterations, the hyper-parameter variables, then the slots."""
         return [self.iterations, *self._hyper.values(), *self._slots.values()]
+
+
+def apply_eagerly(opt, pairs, all_reduce: bool = True):
+    """`opt.apply_gradients` called with numpy gradients: a small update step compiled once
+    per set of variables (kept in `opt._eager_steps`), run on them."""
+    variables = tuple(v for _, v in pairs)
+    fn = opt._eager_steps.get((variables, all_reduce))
+    if fn is None:
+        from graphdist.function import function
+
+        fn = function(lambda grads: opt.apply_gradients(zip(grads, variables), all_reduce))
+        opt._eager_steps[(variables, all_reduce)] = fn
+    return fn([np.asarray(g, dtype=v.dtype) for g, v in pairs])
 
 
 def _is_schedule(value) -> bool:
