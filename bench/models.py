@@ -133,3 +133,21 @@ def graphdist_side_by_side(make, batch, repeat: int) -> tuple[dict, float]:
     for k, name in enumerate(list(t)[:2]):
         t[name]["losses"] = [pair[k] for pair in losses]
     return t, diff
+
+
+def own_process(make, batch, devices: int, optimizer: str = "adam") -> dict:
+    """What a graphdist peer script (bench/peers/graphdist_*.py) reports from its fresh
+    process: `make(strategy) -> (step, variables)` on `devices` logical CPU devices, timed as
+    the peers time themselves (its first call included), with its first three losses."""
+    from bench.peers.common import time_steps
+
+    strategy = (gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)]) if devices > 1
+                else gd.OneDeviceStrategy("cpu:0"))
+    step, _ = make(strategy)
+    if devices > 1:
+        batch = next(iter(strategy.experimental_distribute_dataset([batch])))
+    losses = []
+    r = time_steps(lambda: step(batch), sync=lambda loss: losses.append(float(loss)))
+    where = "1 device" if devices == 1 else f"Mirrored x{devices}"
+    return {"peer": f"graphdist {where} (own process)", "devices": devices,
+            "optimizer": optimizer, "losses": losses[:3], **r}

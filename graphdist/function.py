@@ -439,24 +439,24 @@ class Function:
                 break
             leaves, _, t = flatten((args, {}))
             if compiled is None or t != tree or not _same_arrays(leaves, specs):
-                if not profile:
-                    result, done = self(*args), done + 1
                 leaves, key = self._signature(args, {})
-                if compiled is not None and key[1] != specs and profile:
+                if profile and compiled is not None and (key[0], key[1]) != (tree, specs):
                     raise ValueError(f"gd.function {self.__name__}: a profiled run of many "
                                      "calls needs one signature; the arguments changed")
-                compiled = self._cache.get(key) or self._compile(key, leaves, args, {})
+                compiled = self._cache.get(key)
+                if compiled is None:
+                    with slow_notice(f"compiling gd.function {self.__name__} for a new "
+                                     "signature"):
+                        compiled = self._compile(key, leaves, args, {})
                 tree, specs = key[0], key[1]
-                if not profile:
-                    continue
-            if profile:
+            if not profile:
+                result = compiled(leaves)
+            else:
                 if compiled.profiled is None:
                     compiled.profiled = compiled.rebuild(True)
                 start = time.perf_counter()
                 result = compiled(leaves, compiled.profiled)
                 bounds.append((start, time.perf_counter()))
-            else:
-                result = compiled(leaves)
             done += 1
         trace = None
         if profile and compiled is not None:

@@ -24,46 +24,31 @@ def scatter_rows_ref(indices, rows, shape):
 
 
 @njit(cache=True, error_model="numpy")
-def _add_rows(out, indices, rows):  # out: (V, d), indices: (k,), rows: (k, d)
+def _add_scaled_rows(out, indices, rows, scale):  # out: (V, d), indices: (k,), rows: (k, d)
     for i in range(indices.shape[0]):
         r = indices[i]
         for j in range(rows.shape[1]):
-            out[r, j] += rows[i, j]
+            out[r, j] = out[r, j] + scale * rows[i, j]
 
 
 def _as_rows(a, rows: int):
     return np.ascontiguousarray(a).reshape(rows, -1)
 
 
+def add_scaled_rows_cpu(out, indices, rows, scale=1.0) -> None:
+    """out[indices[i]] += scale * rows[i] for every i, in order (repeated indices
+    accumulate); `scale` of out's dtype. scale 1 adds the rows themselves (1 * x is x), and
+    SGD's scale -lr gives p + (-lr) g, the same bits as the reference's p + -(lr g)."""
+    k = indices.shape[0]
+    if k:
+        _add_scaled_rows(out.reshape(out.shape[0], -1), np.ascontiguousarray(indices),
+                         _as_rows(rows, k), out.dtype.type(scale))
+
+
 def scatter_rows_cpu(out, indices, rows) -> None:
     """out = scatter_rows_ref(indices, rows, out.shape), written into `out`."""
     out.fill(0)
-    add_rows_cpu(out, indices, rows)
-
-
-def add_rows_cpu(out, indices, rows) -> None:
-    """out[indices[i]] += rows[i] for every i, in order (repeated indices accumulate)."""
-    k = indices.shape[0]
-    if k:
-        _add_rows(out.reshape(out.shape[0], -1), np.ascontiguousarray(indices),
-                  _as_rows(rows, k))
-
-
-@njit(cache=True, error_model="numpy")
-def _sub_scaled_rows(out, indices, rows, lr):
-    for i in range(indices.shape[0]):
-        r = indices[i]
-        for j in range(rows.shape[1]):
-            out[r, j] = out[r, j] + -(lr * rows[i, j])
-
-
-def sub_scaled_rows_cpu(out, indices, rows, lr) -> None:
-    """out[indices[i]] += -(lr * rows[i]) in order: SGD's sparse update, the same float
-    operations as np.add.at(out, indices, -(lr * rows)). `lr` is of out's dtype."""
-    k = indices.shape[0]
-    if k:
-        _sub_scaled_rows(out.reshape(out.shape[0], -1), np.ascontiguousarray(indices),
-                         _as_rows(rows, k), lr)
+    add_scaled_rows_cpu(out, indices, rows)
 
 
 @njit(cache=True, error_model="numpy")

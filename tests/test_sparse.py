@@ -319,7 +319,7 @@ def test_embedding_layer_looks_up_its_table_and_checkpoints(tmp_path):
 
 @pytest.mark.parametrize("dtype,index_dtype", [(np.float32, np.int64), (np.float64, np.int32)])
 def test_row_kernels_match_the_numpy_reference_bit_for_bit(dtype, index_dtype):
-    from graphdist.kernels.sparse import (scatter_rows_cpu, sub_scaled_rows_cpu,
+    from graphdist.kernels.sparse import (add_scaled_rows_cpu, scatter_rows_cpu,
                                           sum_duplicates_cpu)
     from graphdist.ops.optim import _sparse_sgd_impl
     from graphdist.ops.sparse import _scatter_rows_impl, _sum_duplicates_impl
@@ -339,5 +339,5 @@ def test_row_kernels_match_the_numpy_reference_bit_for_bit(dtype, index_dtype):
         np.testing.assert_array_equal(outs[1], want[1])
     p = rng.standard_normal((300, 3, 4)).astype(dtype)
     want = _sparse_sgd_impl(np, p, indices, rows, np.array([0.1, 0.0]))
-    sub_scaled_rows_cpu(p, indices, rows, dtype(0.1))
+    add_scaled_rows_cpu(p, indices, rows, -dtype(0.1))
     np.testing.assert_array_equal(p, want)

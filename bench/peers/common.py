@@ -103,6 +103,24 @@ def tf_strategy(n: int, cross_device_ops: str = "reduction_to_one_device"):
                                           cross_device_ops=ops)
 
 
+def tf_time_replica_fn(strategy, replica_fn, x, y, reduce_op: str = "MEAN") -> dict:
+    """time_steps of `strategy.run(replica_fn)` on the global batch (x, y) as a tf.function
+    whose per-replica losses are reduced by `reduce_op`; with the first three losses."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(batch):
+        per_replica = strategy.run(replica_fn, args=batch)
+        return strategy.reduce(getattr(tf.distribute.ReduceOp, reduce_op), per_replica,
+                               axis=None)
+
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    losses = []
+    result = time_steps(lambda: step(batch), sync=lambda loss: losses.append(float(loss)))
+    return {**result, "losses": losses[:3]}
+
+
 def report(result: dict) -> None:
     print("RESULT " + json.dumps(result))
     sys.stdout.flush()

@@ -13,19 +13,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--devices", type=int, default=1)
     args = ap.parse_args()
-    import graphdist as gd
-    from bench.models import make_cnn_step
-    from bench.peers.common import cnn_data, report, time_steps
+    from bench.models import make_cnn_step, own_process
+    from bench.peers.common import cnn_data, report
 
-    x, y = cnn_data()
-    n = args.devices
-    strategy = (gd.MirroredStrategy([f"cpu:{i}" for i in range(n)]) if n > 1
-                else gd.OneDeviceStrategy("cpu:0"))
-    step, _ = make_cnn_step(strategy)
-    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)]))) if n > 1 else (x, y)
-    r = time_steps(lambda: step(batch))
-    report({"peer": f"graphdist {'1 device' if n == 1 else f'Mirrored x{n}'} (own process)",
-            "devices": n, "optimizer": "adam", **r})
+    report(own_process(make_cnn_step, cnn_data(), args.devices, "adam"))
 
 
 if __name__ == "__main__":

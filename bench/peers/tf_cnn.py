@@ -17,7 +17,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    from bench.peers.common import LR, cnn_data, cnn_init, report, tf_strategy, time_steps
+    from bench.peers.common import LR, cnn_data, cnn_init, report, tf_strategy, tf_time_replica_fn
 
     n = args.devices
     strategy = tf_strategy(n)
@@ -44,14 +44,7 @@ def main() -> None:
         opt.apply_gradients(zip(tape.gradient(loss, params), params))
         return loss
 
-    @tf.function
-    def step(batch):
-        per_replica = strategy.run(replica_fn, args=batch)
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
-
-    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
-    r = time_steps(lambda: step(batch), sync=lambda loss: loss.numpy())
+    r = tf_time_replica_fn(strategy, replica_fn, x, y)
     name = "TF tf.function" if n == 1 else f"TF MirroredStrategy x{n} (reduction_to_one_device)"
     report({"peer": name, "devices": n, "optimizer": "adam", **r})
 

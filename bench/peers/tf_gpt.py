@@ -25,7 +25,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    from bench.peers.common import LR, report, tf_strategy, time_steps
+    from bench.peers.common import LR, report, tf_strategy, tf_time_replica_fn
     from bench.peers.gpt_common import HEADS, KEY_DIM, LAYERS, LN_EPS, WIDTH, gpt_data, gpt_init
 
     n = args.devices
@@ -73,17 +73,9 @@ def main() -> None:
         opt.apply_gradients(zip(grads, variables))
         return loss
 
-    @tf.function
-    def step(batch):
-        per_replica = strategy.run(replica_fn, args=batch)
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
-    losses = []
-    r = time_steps(lambda: step(batch), sync=lambda loss: losses.append(float(loss)))
+    r = tf_time_replica_fn(strategy, replica_fn, x, y, "SUM")     # each loss is over n
     name = "TF tf.function" if n == 1 else f"TF MirroredStrategy x{n} (reduction_to_one_device)"
-    report({"peer": name, "devices": n, "optimizer": "adam", "losses": losses[:3], **r})
+    report({"peer": name, "devices": n, "optimizer": "adam", **r})
 
 
 if __name__ == "__main__":

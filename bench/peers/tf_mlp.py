@@ -19,7 +19,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    from bench.peers.common import LR, data, init, report, tf_strategy, time_steps
+    from bench.peers.common import LR, data, init, report, tf_strategy, tf_time_replica_fn
 
     n = args.devices
     strategy = tf_strategy(n, args.cross_device_ops)
@@ -43,15 +43,7 @@ def main() -> None:
         opt.apply_gradients(zip(grads, params))
         return loss
 
-    @tf.function
-    def step(batch):
-        per_replica = strategy.run(replica_fn, args=batch)
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
-
-    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-    batches = iter(strategy.experimental_distribute_dataset(dataset))
-    batch = next(batches)
-    r = time_steps(lambda: step(batch), sync=lambda loss: loss.numpy())
+    r = tf_time_replica_fn(strategy, replica_fn, x, y)
     name = f"TF {'tf.function' if n == 1 else f'MirroredStrategy x{n} ({args.cross_device_ops})'}"
     report({"peer": name, "devices": n, "optimizer": args.optimizer, **r})
 

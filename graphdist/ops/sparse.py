@@ -17,8 +17,8 @@ import numpy as np
 
 from graphdist.errors import ShapeError
 from graphdist.ir.types import ArrayType
-from graphdist.ops.array import out_of_range
-from graphdist.ops.core import Op, Symbolic, bind
+from graphdist.ops.array import cast, concat, out_of_range, reshape, transpose
+from graphdist.ops.core import Op, Symbolic, bind, normalize_axis
 
 
 class IndexedSlices:
@@ -105,8 +105,8 @@ def _gather_impl(xp, params, indices):
 
 @gather_p.def_vjp
 def _gather_vjp(ct, params, indices):
-    rows = ct if indices.ty.ndim == 1 else _reshape(ct, (-1,) + params.ty.shape[1:])
-    flat = indices if indices.ty.ndim == 1 else _reshape(indices, (-1,))
+    rows = ct if indices.ty.ndim == 1 else reshape(ct, (-1,) + params.ty.shape[1:])
+    flat = indices if indices.ty.ndim == 1 else reshape(indices, (-1,))
     return IndexedSlices(flat, rows, params.ty.shape), None
 
 
@@ -185,12 +185,6 @@ sum_duplicates_p.def_cost(lambda ins, outs, **_: (ins[1].size, 2 * sum(t.nbytes 
 # ---------------------------------------------------------------- public functions
 
 
-def _reshape(x, shape):
-    from graphdist.ops.array import reshape
-
-    return reshape(x, shape)
-
-
 def gather(params, indices, axis=0):
     """Rows (or slices along `axis`) of `params` at `indices`: shape
     params.shape[:axis] + indices.shape + params.shape[axis+1:], as tf.gather. With respect
@@ -200,9 +194,6 @@ def gather(params, indices, axis=0):
     array([[4., 5.],
            [0., 1.]])
     """
-    from graphdist.ops.array import transpose
-    from graphdist.ops.core import normalize_axis
-
     rank = len(np.shape(params))
     (axis,) = normalize_axis("gather", int(axis), max(rank, 1), np.shape(params))
     if axis == 0:
@@ -232,8 +223,6 @@ def sum_duplicates(value: IndexedSlices, divisor: int = 1) -> IndexedSlices:
 
 def concat_slices(a: IndexedSlices, b: IndexedSlices) -> IndexedSlices:
     """a + b for two sparse values: their rows side by side (duplicates add later)."""
-    from graphdist.ops.array import cast, concat
-
     idx_dtype = np.promote_types(a.indices.dtype, b.indices.dtype)
     return IndexedSlices(concat([cast(a.indices, idx_dtype), cast(b.indices, idx_dtype)]),
                          concat([a.values, b.values]), a.dense_shape)

@@ -41,7 +41,7 @@ def sgd_cpu(p, g, hyper):
 def sparse_sgd_cpu(p, indices, rows, hyper):
     """p[indices] -= lr * rows in place, whole rows at a time; with weight decay (every row
     decays) the op's dense reference."""
-    from graphdist.kernels.sparse import sub_scaled_rows_cpu
+    from graphdist.kernels.sparse import add_scaled_rows_cpu
     from graphdist.ops.optim import _sparse_sgd_impl
     from graphdist.ops.sparse import check_rows
 
@@ -50,7 +50,7 @@ def sparse_sgd_cpu(p, indices, rows, hyper):
         p[...] = _sparse_sgd_impl(np, p, indices, rows, hyper)
         return
     check_rows("sparse_sgd_update", np, indices, p.shape[0])
-    sub_scaled_rows_cpu(p, indices, rows, p.dtype.type(lr))
+    add_scaled_rows_cpu(p, indices, rows, -p.dtype.type(lr))
 
 
 def momentum_cpu(p, m, g, hyper, *, nesterov):
