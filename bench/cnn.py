@@ -131,5 +131,34 @@ def main(argv=None) -> dict:
     return entry
 
 
+DEFAULT = "graphdist Mirrored x4 (default: per-device)"
+
+
+def plot(payload):
+    """ms per step of every contender (graphdist's default outlined), and the conv ops
+    alone in GFLOP/s against the sgemm probe (the bound a conv lowered to matmuls meets)."""
+    from bench.plots import GRAPHDIST, bars, figure, grouped, rows_height, timings
+
+    medians, mins = timings(payload.get("results", {}))
+    convs, peak = payload.get("convs") or [], payload.get("sgemm_gflops")
+    fig, axes = figure(f"tutorial CNN, 28x28x1, global batch {CNN_BATCH}, Adam", width=11,
+                       height=rows_height(len(medians)), ncols=2 if convs else 1)
+    bars(axes[0], medians, "ms per step (bar: median, |: min)", mins=mins, highlight=[DEFAULT])
+    if convs:
+        half = len(convs) // 2                      # per-replica batch first, then global
+        series = {}
+        for k, c in enumerate(convs):
+            batch = CNN_BATCH // 4 if k < half else CNN_BATCH
+            series.setdefault(f"batch {batch}", {})[f"{c['layer']} {c['op']}"] = c["gflops"]
+        grouped(axes[1], series, "GFLOP/s of the conv op alone (best of 20)", "{:.0f}",
+                colors=dict(zip(series, (GRAPHDIST, "#9ecae1"))))
+        if peak:
+            axes[1].axvline(peak, color="#ff7f0e", linestyle="--", linewidth=1,
+                            label=f"sgemm 1024^3: {peak:.0f}")
+            axes[1].legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                           ncol=3, frameon=False)
+    return fig
+
+
 if __name__ == "__main__":
     main()

@@ -16,32 +16,75 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def timeit(fn, repeat: int = 30, warmup: int = 3, number: int = 1) -> dict:
+PROGRESS_AFTER_S = 1.0      # a timing loop shorter than this draws no bar at all
+
+
+def progress(label: str, total: int):
+    """tick(done) for a long timing loop: a one-line bar on stderr (label, done/total,
+    elapsed) once the loop has run PROGRESS_AFTER_S, redrawn at most 5 times a second
+    between timed calls, and only when stderr is a terminal, so logs and captured output
+    stay clean (tick does nothing there)."""
+    stream = sys.stderr
+    if not total or not getattr(stream, "isatty", lambda: False)():
+        return lambda done: None
+    from graphdist.progress import ProgressBar
+
+    bar = ProgressBar(total, stream=stream, unit="calls")
+    last = [None]                                   # when the bar was last drawn
+
+    def tick(done: int) -> None:
+        now = time.perf_counter()
+        if last[0] is None and now - bar.start < PROGRESS_AFTER_S:
+            return
+        if done == total or last[0] is None or now - last[0] >= 0.2:
+            last[0] = now
+            bar.update(done, f"{label}  {now - bar.start:.0f} s")
+    return tick
+
+
+def _label(fns) -> str:
+    """The contenders' names, shortened to fit a terminal line beside the bar."""
+    text = ", ".join(map(str, fns))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def timeit(fn, repeat: int = 30, warmup: int = 3, number: int = 1, label: str = "") -> dict:
     """Median / min / p90 seconds per call of fn() over `repeat` samples."""
-    for _ in range(warmup):
+    name = getattr(fn, "__name__", "<lambda>")
+    tick = progress(label or (name if name != "<lambda>" else "timeit"), warmup + repeat)
+    for k in range(warmup):
         fn()
+        tick(k + 1)
     samples = []
-    for _ in range(repeat):
+    for k in range(repeat):
         t0 = time.perf_counter()
         for _ in range(number):
             fn()
         samples.append((time.perf_counter() - t0) / number)
+        tick(warmup + k + 1)
     samples.sort()
     return {"median_s": statistics.median(samples), "min_s": samples[0],
             "p90_s": samples[int(0.9 * (len(samples) - 1))], "repeat": repeat}
 
 
-def interleaved(fns: dict, repeat: int = 30, warmup: int = 3) -> dict:
-    """Time several contenders side by side, alternating them so drift hits all equally."""
+def interleaved(fns: dict, repeat: int = 30, warmup: int = 3, label: str = "") -> dict:
+    """Time several contenders side by side, alternating them so drift hits all equally.
+    On a terminal a progress bar (`label`, default the contenders' names) counts the calls."""
+    tick = progress(label or _label(fns), (warmup + repeat) * len(fns))
+    done = 0
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+            done += 1
+            tick(done)
     samples = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             samples[k].append(time.perf_counter() - t0)
+            done += 1
+            tick(done)
     return {k: {"median_s": statistics.median(v), "min_s": min(v), "repeat": repeat}
             for k, v in samples.items()}
 
@@ -125,6 +168,9 @@ def save(name: str, payload: dict) -> Path:
     else:
         path.write_text(text)
     print(f"saved {path}")
+    from bench.plots import render
+
+    render(name, payload, path)
     return path
 
 
@@ -143,13 +189,17 @@ def peer_python() -> str | None:
     return str(local) if local.exists() else None
 
 
-def run_peer(python: str, module: str, *args) -> dict | None:
+def run_peer(python: str, module: str, *args, timeout: float = 600,
+             env_extra: dict | None = None) -> dict | None:
+    """The `RESULT {json}` line of `python -m module args` (with `env_extra` added to the
+    environment); None if it fails or runs past `timeout` seconds."""
     from graphdist.device.threads import ENV_SET
 
     env = {k: v for k, v in os.environ.items() if k not in ENV_SET}  # peers get the user's env
+    env.update(env_extra or {})
     try:
         done = subprocess.run([python, "-m", module, *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600, env=env)
+                              text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return None
     for line in done.stdout.splitlines():
@@ -161,13 +211,21 @@ def run_peer(python: str, module: str, *args) -> dict | None:
 
 def run_peers(own: str, peers, base: float, no_peers: bool = False, *args) -> dict:
     """{name: result} of graphdist's own script `own` on 4 devices in a fresh process (for
-    its first call) and of each (module, devices) in `peers` where a peer Python exists;
+    its first call), once more on an empty Numba cache (every kernel compiles), and of each (module, devices) in `peers` where a peer Python exists;
     `vs_graphdist_1` is each median over `base`."""
+    import tempfile
+
     python = None if no_peers else peer_python()
-    runs = [(sys.executable, own, 4)] + [(python, m, d) for m, d in peers if python]
+    runs = [(sys.executable, own, 4, False), (sys.executable, own, 4, True)]
+    runs += [(python, m, d, False) for m, d in peers if python]
     out = {}
-    for interpreter, module, devices in runs:
-        r = run_peer(interpreter, module, "--devices", str(devices), *args)
+    for interpreter, module, devices, cold in runs:
+        with tempfile.TemporaryDirectory() as empty:
+            r = run_peer(interpreter, module, "--devices", str(devices), *args,
+                         env_extra={"NUMBA_CACHE_DIR": empty, COLD: "1"} if cold else None)
         if r:
             out[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
     return out
+
+
+COLD = "BENCH_COLD_CACHE"    # set for a run of graphdist's own script on an empty Numba cache

@@ -89,5 +89,22 @@ def main(argv=None) -> None:
                                      for k, r in timed.items()}, "peers": peers})
 
 
+def plot(payload):
+    """ms per step of each path (log scale: the one-hot matmul is hundreds of times slower)
+    and the MiB each graphdist path moves between devices per step."""
+    from bench.plots import bars, figure, rows_height, timings
+
+    ours = payload.get("graphdist", {})
+    medians, mins = timings({**ours, **payload.get("peers", {})})
+    moved = {n: r["moved_bytes"] / 2**20 for n, r in ours.items() if "moved_bytes" in r}
+    fig, axes = figure(f"Embedding step: {VOCAB:,} x 256 table, {LOOKUPS:,} lookups per "
+                       "replica, SGD", width=11, height=rows_height(len(medians)),
+                       ncols=2 if moved else 1)
+    bars(axes[0], medians, "ms per step, log scale (bar: median, |: min)", mins=mins, log=True)
+    if moved:
+        bars(axes[1], moved, "MiB moved between devices per step", "{:.0f}")
+    return fig
+
+
 if __name__ == "__main__":
     main()

@@ -88,5 +88,27 @@ def main(argv=None) -> dict:
     return entry
 
 
+DEFAULT = "graphdist Mirrored x4 (default: per-device)"
+
+
+def plot(payload):
+    """ms per step of every contender (graphdist's default outlined), and the one-device
+    step per op group: graphdist's profile next to PyTorch's, where the time goes."""
+    from bench.plots import bars, figure, grouped, rows_height, timings
+
+    medians, mins = timings(payload.get("results", {}))
+    ours, theirs = payload.get("op_groups_ms") or {}, payload.get("torch_op_groups_ms") or {}
+    fig, axes = figure(f"GPT step, batch {BATCH} x {CONTEXT} tokens, Adam", width=11,
+                       height=rows_height(len(medians)), ncols=2 if ours else 1)
+    bars(axes[0], medians, "ms per step (bar: median, |: min)", mins=mins, highlight=[DEFAULT])
+    if ours:
+        order = sorted(set(ours) | set(theirs), key=lambda k: -ours.get(k, 0.0))
+        series = {"graphdist": {k: ours.get(k) for k in order}}
+        if theirs:
+            series["PyTorch eager"] = {k: theirs.get(k) for k in order}
+        grouped(axes[1], series, "ms per one-device step, by op group (profilers)", "{:.1f}")
+    return fig
+
+
 if __name__ == "__main__":
     main()

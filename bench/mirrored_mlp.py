@@ -53,5 +53,25 @@ def main(argv=None) -> dict:
     return results
 
 
+DEFAULT = "graphdist Mirrored x4 (default: per-device)"
+
+
+def plot(payload):
+    """ms per step of every contender, one panel per optimizer; graphdist's default
+    (per-device) row outlined."""
+    from bench.plots import bars, figure, rows_height, timings
+
+    results = payload.get("results", {})
+    n = max((len(timings(r)[0]) for r in results.values()), default=0)
+    fig, axes = figure(f"MLP {'-'.join(map(str, SIZES))}, global batch {BATCH}: 4 logical "
+                       "CPU devices vs one", width=10, height=rows_height(n),
+                       ncols=max(1, len(results)))
+    for ax, (optimizer, entry) in zip(axes, results.items()):
+        medians, mins = timings(entry)
+        bars(ax, medians, "ms per step (bar: median, |: min)", mins=mins, highlight=[DEFAULT])
+        ax.set_title(optimizer, fontsize=9)
+    return fig
+
+
 if __name__ == "__main__":
     main()

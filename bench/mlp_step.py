@@ -114,5 +114,25 @@ def main(repeat: int = 20) -> dict:
     return t
 
 
+def plot(payload):
+    """ms per step, and the step's matmul FLOP rate as a share of the sgemm probe's (the
+    bound: a step can't run its matmuls faster than BLAS runs one big one)."""
+    from bench.plots import bars, figure, rows_height, timings
+
+    medians, mins = timings(payload.get("results", {}))
+    sizes = payload.get("sizes", SIZES)
+    peak, flops = payload.get("sgemm_probe_flops"), payload.get("step_matmul_flops")
+    fig, axes = figure(f"MLP {'-'.join(map(str, sizes))}, batch {payload.get('batch', BATCH)}, "
+                       "Adam, one CPU device", width=9, height=rows_height(len(medians)),
+                       ncols=2 if peak and flops else 1)
+    bars(axes[0], medians, "ms per step (bar: median, |: min)", mins=mins)
+    if len(axes) > 1:
+        share = {n: flops / (m * 1e-3) / peak for n, m in medians.items()}
+        bars(axes[1], share, "matmul FLOP/s of the step / sgemm 1024^3 probe", "{:.2f}")
+        axes[1].axvline(1.0, color="#ff7f0e", linestyle="--", linewidth=1)
+        axes[1].set_yticks([])
+    return fig
+
+
 if __name__ == "__main__":
     main()

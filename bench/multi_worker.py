@@ -242,5 +242,33 @@ def main(argv=None) -> dict:
     return results
 
 
+def plot(payload):
+    """The all-reduce across 2 ranks (graphdist against bare mpi4py, the bound) and the MLP
+    step per layout of workers and devices (ranked in the table by the best round)."""
+    from bench.plots import GRAPHDIST, PEER, REFERENCE, bars, figure, rows_height, timings
+
+    results = payload.get("results", {})
+    reduce = (results.get("allreduce") or {}).get("results", {})
+    parts = [(f"all-reduce of {results['allreduce'].get('mib', '?')} MiB, 2 ranks",
+              *timings(reduce), "ms per all-reduce (bar: median, |: min)")] if reduce else []
+    mlp = results.get("mlp") or {}
+    if mlp:
+        medians, _ = timings(mlp, "best_round_median_s")
+        parts.append((f"MLP step ({payload.get('optimizer', 'adam')})", medians,
+                      timings(mlp)[1], "ms per step (bar: best round's median, |: min)"))
+    if not parts:
+        return None
+    fig, axes = figure("MultiWorkerMirroredStrategy on MPI", width=11,
+                       height=rows_height(max(len(p[1]) for p in parts)) + 0.4,
+                       ncols=len(parts))
+    for ax, (title, medians, mins, xlabel) in zip(axes, parts):
+        colors = {n: GRAPHDIST if n.startswith("graphdist") else
+                  REFERENCE if n.startswith("mpi4py") else PEER for n in medians}
+        bars(ax, medians, xlabel, mins=mins, colors=colors,
+             highlight=["graphdist 2 workers x 1 device, 1 BLAS thread each (pinned)"])
+        ax.set_title(title, fontsize=9)
+    return fig
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

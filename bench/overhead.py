@@ -59,5 +59,21 @@ def main() -> dict:
     return results
 
 
+def plot(payload):
+    """Microseconds per op of the chain, numpy by hand against graphdist, per array size."""
+    from bench.plots import figure, grouped
+
+    n_ops = payload.get("n_ops", N_OPS)
+    results = payload.get("results", {})
+    series = {who: {f"{size} element{'s' if size != '1' else ''}":
+                    r[who]["median_s"] * 1e6 / n_ops for size, r in results.items()
+                    if "median_s" in r.get(who, {})} for who in ("numpy", "graphdist")}
+    fig, axes = figure(f"chain of {n_ops:,} elementwise ops: the cost of each node",
+                       width=7, height=2.8)
+    grouped(axes[0], {"numpy by hand" if k == "numpy" else k: v for k, v in series.items()},
+            "microseconds per op (median of the chain)", "{:.3f}")
+    return fig
+
+
 if __name__ == "__main__":
     main()

@@ -79,5 +79,25 @@ def main(repeat: int = 30) -> dict:
     return results
 
 
+def plot(payload):
+    """ms per all-reduce + update, fused against all-reduce-then-update, and the memory
+    traffic rate each reaches (bytes each pass must move per param over the min time)."""
+    from bench.plots import GRAPHDIST, bars, figure, rows_height, timings
+
+    results = payload.get("results", {})
+    medians, mins = timings(results)
+    rates = {n: r["GB_per_s"] for n, r in results.items() if "GB_per_s" in r}
+    colors = {n: GRAPHDIST if n.endswith("fused") else "#9ecae1" for n in medians}
+    fig, axes = figure(f"all-reduce + update of {payload.get('params', 0) / 1e6:.2f}M float32 "
+                       f"params on {payload.get('replicas', REPLICAS)} replicas", width=9,
+                       height=rows_height(len(medians)), ncols=2 if rates else 1)
+    bars(axes[0], medians, "ms per step (bar: median, |: min)", mins=mins, colors=colors)
+    if rates:
+        bars(axes[1], rates, "GB/s of memory traffic (at the min time)", "{:.0f}",
+             colors=colors)
+        axes[1].set_yticks([])
+    return fig
+
+
 if __name__ == "__main__":
     main()

@@ -144,5 +144,26 @@ def main(argv=None) -> dict:
     return results
 
 
+def plot(payload):
+    """ms per step of each way to run 50 steps, against the pure compute the profile
+    measures (the bound: what the nodes themselves take)."""
+    from bench.plots import GRAPHDIST, PEER, REFERENCE, bars, figure, rows_height, timings
+
+    medians, mins = timings(payload.get("results", {}))
+    colors = {n: PEER if n.startswith("TF") else REFERENCE if "profile" in n else GRAPHDIST
+              for n in medians}
+    fig, axes = figure(f"MLP {'-'.join(map(str, SIZES))} on the digits, global batch {BATCH}, "
+                       f"4 logical CPU devices, {payload.get('steps', STEPS)} steps per call",
+                       width=9, height=rows_height(len(medians)))
+    bars(axes[0], medians, "ms per step (bar: median, |: min)", mins=mins, colors=colors,
+         highlight=[f"run_steps({payload.get('steps', STEPS)})"])
+    pure = next((m for n, m in medians.items() if n.startswith("pure compute")), None)
+    if pure:
+        axes[0].axvline(pure, color=REFERENCE, linestyle="--", linewidth=1,
+                        label=f"pure compute {pure:.3g} ms")
+        axes[0].legend(fontsize=7, loc="upper right")
+    return fig
+
+
 if __name__ == "__main__":
     main()

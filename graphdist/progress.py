@@ -38,9 +38,10 @@ def slow_notice(what: str, stream=None):
 
 
 class ProgressBar:
-    def __init__(self, total: int, width: int = 30, stream=None):
+    def __init__(self, total: int, width: int = 30, stream=None, unit: str = "steps"):
         self.total = total
         self.width = width
+        self.unit = unit                    # what is counted: the rate reads "N unit/s"
         self.stream = stream or sys.stdout
         self.start = time.perf_counter()
         self.tty = getattr(self.stream, "isatty", lambda: False)()
@@ -51,7 +52,7 @@ class ProgressBar:
         filled = int(self.width * done / max(1, self.total))
         rate = done / max(1e-9, time.perf_counter() - self.start)
         line = (f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} "
-                f"{rate:6.1f} steps/s  {text}")
+                f"{rate:6.1f} {self.unit}/s  {text}")
         self.stream.write(("\r" + line) if self.tty else line + "\n")
         if self.tty and done == self.total:
             self.stream.write("\n")
