@@ -3,9 +3,12 @@ the same model live in bench/peers/."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 import graphdist as gd
+from bench.common import COLD
 from bench.peers.common import LR, init
 
 B1, B2, EPS = 0.9, 0.999, 1e-7
@@ -140,6 +143,7 @@ def own_process(make, batch, devices: int, optimizer: str = "adam") -> dict:
     process: `make(strategy) -> (step, variables)` on `devices` logical CPU devices, timed as
     the peers time themselves (its first call included), with its first three losses."""
     from bench.peers.common import time_steps
+    from graphdist.runtime import warmup
 
     strategy = (gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)]) if devices > 1
                 else gd.OneDeviceStrategy("cpu:0"))
@@ -147,7 +151,9 @@ def own_process(make, batch, devices: int, optimizer: str = "adam") -> dict:
     if devices > 1:
         batch = next(iter(strategy.experimental_distribute_dataset([batch])))
     losses = []
-    r = time_steps(lambda: step(batch), sync=lambda loss: losses.append(float(loss)))
+    r = time_steps(lambda: step(batch), sync=lambda loss: losses.append(float(loss)),
+                   settle=warmup.wait)
     where = "1 device" if devices == 1 else f"Mirrored x{devices}"
-    return {"peer": f"graphdist {where} (own process)", "devices": devices,
+    cold = ", cold Numba cache" if os.environ.get(COLD) else ""
+    return {"peer": f"graphdist {where} (own process{cold})", "devices": devices,
             "optimizer": optimizer, "losses": losses[:3], **r}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 
 _state = {"explain_retraces": False, "fused_kernels": True, "logical_devices": {},
-          "collective_timeout": 60.0, "device_concurrency": "auto"}
+          "collective_timeout": 60.0, "device_concurrency": "auto",
+          "background_compile": os.environ.get("GRAPHDIST_BACKGROUND_COMPILE", "1") != "0"}
 
 logger = logging.getLogger("graphdist")
 
@@ -27,6 +29,18 @@ def set_fused_kernels(enabled: bool) -> None:
 
 def fused_kernels() -> bool:
     return _state["fused_kernels"]
+
+
+def set_background_compile(enabled: bool) -> None:
+    """Start a new program on the numpy forms of its Numba kernels while a background
+    thread loads (or, with a cold cache, compiles) the kernels, then switch to them (True,
+    the default; results are bit-identical either way); or load every kernel before the
+    first call returns (False; also GRAPHDIST_BACKGROUND_COMPILE=0)."""
+    _state["background_compile"] = bool(enabled)
+
+
+def background_compile() -> bool:
+    return _state["background_compile"]
 
 
 def set_logical_device_count(kind: str, n: int) -> None:

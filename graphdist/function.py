@@ -180,8 +180,8 @@ class Function:
         compiled = self._cache.get(key)
         if compiled is None:     # trace, compile and the first run (Numba kernels load)
             with slow_notice(f"compiling gd.function {self.__name__} for a new signature "
-                             "(tracing, compile passes, then the Numba kernels the step uses, "
-                             "loaded from or compiled into the on-disk cache)"):
+                             "(tracing, compile passes, the first step, and the Numba kernels "
+                             "it must wait for; the others load in the background)"):
                 compiled = self._compile(key, leaves, args, kwargs)
                 return compiled(leaves)
         return compiled(leaves)

@@ -6,6 +6,11 @@ import pytest
 
 import graphdist as gd
 
+# Tests run each program on its kernels from the first call (the numpy forms a first call
+# may run while kernels load are compared with them in test_warmup.py): a test of a few
+# steps would otherwise never reach the kernels it means to test.
+gd.config.set_background_compile(False)
+
 
 @pytest.fixture(autouse=True)
 def _short_collective_timeout():

@@ -42,12 +42,15 @@ def digits():
             labels.astype(np.int32))
 
 
-def time_steps(step, sync=lambda r: r, warmup: int = 5, repeat: int = 20) -> dict:
+def time_steps(step, sync=lambda r: r, warmup: int = 5, repeat: int = 20,
+               settle=lambda: None) -> dict:
     """Median and min of `repeat` steps after `warmup`; `first_call_s` is the first step,
-    which traces and compiles (run it in a fresh process to include every cost)."""
+    which traces and compiles (run it in a fresh process to include every cost). settle()
+    runs untimed after the first step (graphdist: wait for the kernels loading behind it)."""
     t0 = time.perf_counter()
     sync(step())
     first = time.perf_counter() - t0
+    settle()
     for _ in range(warmup - 1):
         sync(step())
     samples = []

@@ -165,7 +165,7 @@ def _adam_impl(xp, p, m, v, g, hyper):
     if decay and decay[0]:   # AdamW: decoupled decay with the plain learning rate, first
         p = p - dt(decay[0]) * p
     m = dt(beta_1) * m + dt(1 - beta_1) * g
-    v = dt(beta_2) * v + dt(1 - beta_2) * (g * g)
+    v = dt(beta_2) * v + dt(1 - beta_2) * g * g    # the kernel's order: the same bits
     return p - dt(lr_t) * m / (xp.sqrt(v) + dt(epsilon)), m, v
 
 

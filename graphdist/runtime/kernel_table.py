@@ -311,26 +311,32 @@ def _compiled_dtypes(types) -> bool:
     return not any(t.dtype in LOW_PRECISION for t in types)
 
 
-def kernel(backend, op, types=()):
+def kernel(backend, op, types=(), deferred=False):
     """The kernel that runs `op` on `backend`'s device kind, if one is listed for operands of
-    these types (ArrayTypes of the inputs and outputs)."""
-    return KERNELS.get((backend.kind, op.name)) if _compiled_dtypes(types) else None
+    these types (ArrayTypes of the inputs and outputs). deferred=True: None for the ops whose
+    numpy form gives the kernel's bits (a program's first calls, runtime/warmup.py)."""
+    if not _compiled_dtypes(types) or deferred and op.name in EXACT_FALLBACK:
+        return None
+    return KERNELS.get((backend.kind, op.name))
 
 
-def out_kernel(backend, op, types=(), fused=True):
+def out_kernel(backend, op, types=(), fused=True, deferred=False):
     """The OUT_KERNELS entry for `op` on `backend`'s device kind and these operand types, if
     any. fused=False (gd.config.set_fused_kernels(False)) passes over the kernels of all but
-    collectives (whose CPU lowering the kernel is): every op then runs its numpy form."""
+    collectives (whose CPU lowering the kernel is): every op then runs its numpy form.
+    deferred=True passes over those with an exact numpy form, collectives included."""
     if not (fused or op.collective) or not _compiled_dtypes(types):
+        return None
+    if deferred and op.name in EXACT_FALLBACK:
         return None
     return OUT_KERNELS.get((backend.kind, op.name))
 
 
-def out_impl(backend, op, types=(), fused=True):
+def out_impl(backend, op, types=(), fused=True, deferred=False):
     """`fn(out, *inputs, **params)` writing `op`'s result into `out`: a kernel listed for the
     backend's device kind (and these operand types), else the op's generic out_impl on the
     backend's array module."""
-    fn = out_kernel(backend, op, types, fused)
+    fn = out_kernel(backend, op, types, fused, deferred)
     if fn is None and op.out_impl is not None:
         fn = functools.partial(op.out_impl, backend.xp)
     return fn
@@ -367,3 +373,14 @@ OUT_KERNELS = {
     ("cpu", "scatter_rows"): scatter_rows_cpu,
     ("cpu", "sum_duplicates"): sum_duplicates_cpu,
 }
+
+# The ops whose generic numpy form computes the same float operations in the same order as
+# their CPU kernel, so either gives the same bits (tests/test_warmup.py checks each on whole
+# training steps). Not here: gelu (its float32 kernel is a rational erf, not numpy's) and
+# layer_norm (the kernel sums in its own order): those kernels load before a first call.
+EXACT_FALLBACK = frozenset({
+    "sgd_update", "sparse_sgd_update", "sgd_momentum_update", "adam_update",
+    "sgd_multi_update", "sgd_momentum_multi_update", "adam_multi_update",
+    "host_reduce_update", "host_all_reduce", "where", "relu_grad", "max_pool2d",
+    "max_pool2d_grad", "scatter_rows", "sum_duplicates",
+})

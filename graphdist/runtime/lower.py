@@ -15,12 +15,12 @@ import itertools
 import numpy as np
 
 from graphdist import config
-from graphdist.ir import Graph, Lit, Var
-from graphdist.ir.types import LOW_PRECISION
-from graphdist.ir.liveness import liveness
 from graphdist.device.backends import Backend, backend_for
+from graphdist.ir import Graph, Lit, Var
+from graphdist.ir.liveness import liveness
+from graphdist.ir.types import LOW_PRECISION
+from graphdist.runtime import kernel_table, warmup
 from graphdist.runtime.program import Program, compile_program
-from graphdist.runtime import kernel_table
 from graphdist.runtime.streams import StreamOrder
 
 ARENA_MIN_BYTES = 16 * 1024
@@ -29,8 +29,10 @@ ARENA_MIN_BYTES = 16 * 1024
 class _Lowering:
     def __init__(self, g: Graph, backend: Backend, storage: dict, fused: bool,
                  imports: dict | None = None, exports: dict | None = None,
-                 events: list | None = None):
+                 events: list | None = None, deferred: bool = False):
         self.g = g
+        self.deferred = deferred          # kernels with an exact numpy form: that form
+        self.kernel_calls: list = []      # warmup.KernelCall of each kernel the program calls
         self.events = events              # profiling: (eqn index, start, end) per eqn run
         self.imports = imports or {}      # Var made on another device -> its wait() callable
         self.exports = exports or {}      # Var another device reads -> its post() callable
@@ -209,13 +211,14 @@ class _Lowering:
             return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
         types = [v.ty for v in (*eqn.inputs, *eqn.outputs)]
-        kernel = (kernel_table.kernel(backend, op, types) if (self.fused or not op.inplace)
-                  else None)
-        out_impl = kernel_table.out_impl(backend, op, types, self.fused)
+        kernel = (kernel_table.kernel(backend, op, types, self.deferred)
+                  if (self.fused or not op.inplace) else None)
+        out_kernel = kernel_table.out_kernel(backend, op, types, self.fused, self.deferred)
+        out_impl = kernel_table.out_impl(backend, op, types, self.fused, self.deferred)
         # a listed kernel of an op with several outputs writes them all, small ones too
-        listed = (not op.collective
-                  and kernel_table.out_kernel(backend, op, types, self.fused) is not None)
+        listed = not op.collective and out_kernel is not None
         if kernel is not None and op.inplace:
+            self.note_kernel(kernel, params, warmup.INPLACE, eqn)
             self.lower_inplace(i, eqn, kernel, params)
             return
         (out, *more) = eqn.outputs
@@ -232,6 +235,8 @@ class _Lowering:
             self.emit(f"{fn}({args}, out={buf})", eqn)
             self.bind_buffer(out, buf)
         elif big and out_impl is not None:
+            if out_kernel is not None:
+                self.note_kernel(out_kernel, params, warmup.OUT, eqn)
             buf = self.buffer_for(eqn, i, out)
             fn = self.glob("O", functools.partial(out_impl, **params))
             self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
@@ -242,6 +247,8 @@ class _Lowering:
             # several outputs: out_impl(xp, (out0, out1, ...), *ins), or the device's kernel
             bufs = [self.fresh_buffer(v) if v in self.returned else self.buffer_for(eqn, i, v, k)
                     for k, v in enumerate(eqn.outputs)]
+            if kernel is not None or out_kernel is not None:
+                self.note_kernel(kernel or out_kernel, params, warmup.OUTS, eqn)
             fn = self.glob("O", functools.partial(kernel, **params) if kernel is not None
                            else functools.partial(out_impl, **params))
             self.emit(f"{fn}(({', '.join(bufs)},){', ' if args else ''}{args})", eqn)
@@ -321,6 +328,15 @@ class _Lowering:
         self.name[out] = buf
         if buf.startswith("B") and out not in self.placed:
             self.arena_of[out] = buf
+
+    def note_kernel(self, kernel, params, form: str, eqn) -> None:
+        """Remember a CPU kernel call for warmup (what a first call may run without)."""
+        if self.backend_of(eqn.device).kind == "cpu":
+            ins = tuple(v.ty if isinstance(v, Var) else np.asarray(v.value, v.ty.dtype)[()]
+                        for v in eqn.inputs)
+            self.kernel_calls.append(warmup.KernelCall(
+                eqn.op.name, functools.partial(kernel, **params), form, ins,
+                tuple(v.ty for v in eqn.outputs)))
 
     def lower_inplace(self, i: int, eqn, kernel, params) -> None:
         """A kernel that updates some inputs in place (optimizer updates): donate buffers
@@ -417,4 +433,13 @@ def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None,
     holding that variable's component on this device; `imports`/`exports` connect values
     that cross to or from other devices (inputs listed among the graph's arguments)."""
     fused = config.fused_kernels() if fused is None else fused
-    return _Lowering(g, backend, storage, fused, imports, exports, events).run()
+    lowering = _Lowering(g, backend, storage, fused, imports, exports, events)
+    program = lowering.run()
+    if events is not None or imports or exports or not warmup.enabled():
+        return program
+    calls = warmup.pending(lowering.kernel_calls)
+    if not any(c.op in kernel_table.EXACT_FALLBACK for c in calls):
+        return program
+    first = _Lowering(g, backend, storage, fused, deferred=True).run()
+    return warmup.tiered(program, first, calls)
+
