@@ -4,18 +4,28 @@ replication, lowering and the multi-device executor all run. Every cross-device 
 side by side with a one-pass Numba sum-and-broadcast (in place, on copies of the buffers)
 and numpy's sum. Algorithmic bandwidth = bytes of one buffer / time.
 
+Then the peers, each in its own processes, right after: JAX `pmap(psum)` over 4 XLA host
+devices (bench/peers/jax_psum.py, the best of 3 runs), and MPI on 2 and 4 ranks of one
+buffer each: bare mpi4py `comm.Allreduce` in place and into a new array, interleaved with
+graphdist's MultiWorkerMirroredStrategy all-reduce in the same ranks
+(bench/multi_worker_rank.py, as bench/multi_worker.py runs it). More ranks than cores (4 on
+a 2-core machine) oversubscribe it; the table says so.
+
     python -m bench.allreduce [--mib 16] [--devices 4] [--repeat 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import sys
 
 import numpy as np
 from graphdist.kernels.reduce import all_reduce_cpu, all_reduce_ref
 
 import graphdist as gd
-from bench.common import interleaved, save, table
+from bench.common import interleaved, peer_python, run_peer, save, table
 from graphdist.distribute import cross_device_ops as cdo
 from graphdist.runtime import kernel_table
 
@@ -102,6 +112,49 @@ def node_time_in_step(bufs, devices, repeat: int) -> dict:
     return {"median_s": samples[len(samples) // 2], "min_s": samples[0], "repeat": repeat}
 
 
+def jax_row(mib: int, n: int, repeat: int, rounds: int = 3) -> dict:
+    """{name: timing} of JAX's psum over n XLA host devices, the best of `rounds` fresh
+    processes' medians: its n device threads meet at every psum, so on a shared 2-core
+    machine one burst of other work can slow a whole run 3-4x (medians of 3 to 16 ms
+    measured back to back). {} without a peer Python."""
+    python = peer_python()
+    runs = [r for _ in range(rounds if python else 0)
+            if (r := run_peer(python, "bench.peers.jax_psum", "--mib", str(mib), "--devices",
+                              str(n), "--repeat", str(repeat)))]
+    if not runs:
+        return {}
+    best = min(runs, key=lambda r: r["median_s"])
+    return {best["peer"]: {**best, "round_medians_s": [r["median_s"] for r in runs],
+                           "runs_on": f"{n} XLA host devices, 1 process"}}
+
+
+def mpi_rows(mib: int, repeat: int, ranks=(2, 4)) -> dict:
+    """{name: timing} of bare mpi4py and graphdist's MultiWorkerMirroredStrategy all-reduce
+    on each number of ranks (one buffer per rank; the slower rank's time per sample); {}
+    without mpi4py and mpiexec."""
+    from bench.multi_worker import RANK, mpiexec, run
+    from bench.multi_worker_rank import BARE, BARE_OUT, STEP, STEP_BUCKET
+
+    mpi = mpiexec()
+    if mpi is None or importlib.util.find_spec("mpi4py") is None:
+        print("bench.allreduce: no MPI rows (needs the mpi extra: mpi4py and mpich)",
+              file=sys.stderr)
+        return {}
+    short = {STEP: "graphdist MultiWorkerMirrored all_reduce",
+             STEP_BUCKET: "graphdist MultiWorkerMirrored, result kept in the step (r[:1])",
+             BARE: "mpi4py Allreduce(IN_PLACE, buf)",
+             BARE_OUT: "mpi4py Allreduce(x, out), a new out each call"}
+    out = {}
+    for k in ranks:
+        r = run([mpi, "-n", str(k), *RANK, "allreduce", "--mib", str(mib),
+                 "--repeat", str(repeat)], dict(os.environ))
+        over = f", oversubscribed ({os.cpu_count()} cores)" if k > os.cpu_count() else ""
+        for name in short if r else ():
+            v = {key: x for key, x in r["results"][name].items() if key != "samples_s"}
+            out[f"{short[name]}, {k} ranks"] = {**v, "runs_on": f"{k} MPI ranks{over}"}
+    return out
+
+
 def main(mib: int = 16, n: int = 4, repeat: int = 30) -> dict:
     size = mib * 2**20 // 4
     rng = np.random.default_rng(0)
@@ -120,19 +173,38 @@ def main(mib: int = 16, n: int = 4, repeat: int = 30) -> dict:
     }
     t = interleaved(contenders, repeat=repeat, warmup=3)
     t[IN_STEP] = node_time_in_step(bufs, devices, repeat)
+    for v in t.values():
+        v["runs_on"] = f"{n} logical devices, 1 process"
+    t.update(jax_row(mib, n, repeat))
+    t.update(mpi_rows(mib, repeat))
     nbytes = bufs[0].nbytes
     base = nbytes / t[ONE_PASS]["median_s"]
-    rows = [[k, v["median_s"] * 1e3, nbytes / v["median_s"] / 1e9,
-             nbytes / v["median_s"] / base] for k, v in t.items()]
     same_work = nbytes / t[ONE_PASS_OUTS]["median_s"]
-    for row, v in zip(rows, t.values()):
-        row.append(nbytes / v["median_s"] / same_work)
-    text = table(f"all-reduce sum of {n} x {mib} MiB float32 over {n} logical CPU devices "
-                 f"(median of {repeat}; target: the default >= 0.9x one-pass)",
-                 ["contender", "median ms", "GB/s", "vs one-pass", "vs one-pass into outs"],
-                 rows)
+    rows = []
+    for k, v in t.items():
+        v["GB_per_s"] = nbytes / v["median_s"] / 1e9
+        rows.append([k, v["runs_on"], v["median_s"] * 1e3, v["min_s"] * 1e3, v["GB_per_s"],
+                     nbytes / v["median_s"] / base, nbytes / v["median_s"] / same_work])
+    text = table(f"all-reduce sum of {mib} MiB float32 buffers: {n} over {n} logical CPU "
+                 f"devices, then the peers (median of {repeat}; JAX: the best of 3 runs; target: "
+                 "the default >= 0.9x one-pass)",
+                 ["contender", "runs on", "median ms", "min ms", "GB/s", "vs one-pass",
+                  "vs one-pass into outs"], rows)
     save("allreduce", {"mib": mib, "devices": n, "results": t, "table": text})
     return t
+
+
+def plot(payload: dict):
+    """Algorithmic GB/s per contender, the one-pass references in orange."""
+    from bench.plots import bars, figure
+
+    fig, (ax,) = figure(f"All-reduce (sum) of {payload['mib']} MiB float32 buffers: "
+                        f"{payload['devices']} logical devices, JAX, MPI", width=9.0,
+                        height=10.0)
+    bars(ax, {name: payload["mib"] * 2**20 / r["median_s"] / 1e9
+              for name, r in payload["results"].items()},
+         "algorithmic GB/s (bytes of one buffer / time)")
+    return fig
 
 
 if __name__ == "__main__":
