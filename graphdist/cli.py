@@ -70,7 +70,8 @@ def _load(spec: str, command: str = "show", what: str = "FUNCTION"):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SystemExit(f"graphdist {command}: expected MODULE:{what}, got {spec!r}")
-    sys.path.insert(0, ".")
+    sys.path.insert(0, os.getcwd())
+    importlib.invalidate_caches()       # a file written since the last import is found too
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
@@ -261,7 +262,8 @@ def _simulate(args) -> int:
         counts = [int(n) for n in args.devices.split(",") if n.strip()]
         rows = simulate(_load(args.target), counts, link=args.link,
                         cross_device_ops=args.cross_device_ops, calibration=args.calibration,
-                        recalibrate=args.calibrate, shared_host=args.shared_host)
+                        recalibrate=args.calibrate, shared_host=args.shared_host,
+                        scaling=args.scaling)
     except ValueError as e:
         print(f"graphdist simulate: {e}", file=sys.stderr)
         return 2
@@ -370,12 +372,17 @@ def main(argv=None) -> int:
                           "(default; with --shared-host: the calibrated host copy)")
     simulate.add_argument("--cross-device-ops", default=None, metavar="NAME",
                           help="ring, hierarchical, one_device, host, nccl or mpi (default: "
-                               "the builder's; its host all-reduce becomes ring)")
+                               "the builder's; its host all-reduce becomes ring; mpi without "
+                               "--link: the MPI link calibrated on this host)")
     simulate.add_argument("--calibrate", action="store_true",
                           help="measure this machine again and rewrite the calibration file")
     simulate.add_argument("--calibration", default=None, metavar="PATH",
                           help="the calibration file (default $GRAPHDIST_CALIBRATION or "
                                "~/.cache/graphdist/calibration.json)")
+    simulate.add_argument("--scaling", choices=("weak", "strong"), default="weak",
+                          help="weak: each replica keeps the builder's per-replica batch "
+                               "(default); strong: the builder's batch on 1 device is the "
+                               "global batch, split among the devices")
     simulate.add_argument("--shared-host", action="store_true",
                           help="devices are logical devices of this host (run one by one)")
     simulate.add_argument("--json", action="store_true")

@@ -1,5 +1,6 @@
 """gd.simulate: the collective cost formulas, the link parser, the calibration file, and the
-predictor through Python and `graphdist simulate` on a tiny weak-scaling builder."""
+predictor through Python and `graphdist simulate` on tiny weak- and strong-scaling
+builders."""
 
 from __future__ import annotations
 
@@ -14,9 +15,22 @@ import pytest
 import graphdist as gd
 from graphdist.cli import main
 from graphdist.ir import ArrayType, Var
-from graphdist.simulate import (COSTS, Link, _step_time, calibrate, hierarchical_cost,
-                                host_cost, load_calibration, one_device_cost, parse_link,
-                                ring_cost, shared_host_cost)
+from graphdist.simulate import (
+    COSTS,
+    Link,
+    _step_time,
+    calibrate,
+    hierarchical_cost,
+    host_cost,
+    load_calibration,
+    mpi_cost,
+    one_device_cost,
+    parse_link,
+    per_replica_batch,
+    per_unit,
+    ring_cost,
+    shared_host_cost,
+)
 
 LINK = Link(latency=5e-6, bandwidth=25e9)
 S = 8 * 2**20
@@ -51,7 +65,7 @@ def strong(n):
 @pytest.fixture(scope="module")
 def cal_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("cal") / "calibration.json"
-    calibrate(path, repeat=2)
+    calibrate(path, repeat=2, mpi=False)
     return path
 
 
@@ -113,10 +127,31 @@ def test_overlap_of_an_early_collective_with_later_compute():
          SimpleNamespace(inputs=(), outputs=(c,)),       # 3 s of independent compute
          SimpleNamespace(inputs=(b, c), outputs=(d,))]   # the update reads both
     items = [(e[0], 1.0, False), (e[1], 2.0, True), (e[2], 3.0, False), (e[3], 1.0, False)]
-    assert _step_time(items, shared_host=False) == pytest.approx(5.0)   # hidden
-    assert _step_time(items, shared_host=True) == pytest.approx(7.0)    # serial
+    assert _step_time(items, serial=False) == pytest.approx(5.0)   # hidden
+    assert _step_time(items, serial=True) == pytest.approx(7.0)    # serial
     items[1] = (e[1], 10.0, True)
-    assert _step_time(items, shared_host=False) == pytest.approx(12.0)  # exposed
+    assert _step_time(items, serial=False) == pytest.approx(12.0)  # exposed
+
+
+def test_mpi_cost_is_local_passes_plus_a_ring_between_workers():
+    local = Link(1e-6, 10e9)
+    # 1 device per worker: copy in + divide (4 S touched) + the ring among n workers
+    assert mpi_cost(8, S, LINK, 1, local) == pytest.approx(
+        2 * 7 / 8 * S / 25e9 + 14 * 5e-6 + 1e-6 + 4 * S / 10e9)
+    # 16 devices, 4 per worker: 4 workers in the ring, 5*4-1 = 19 S touched locally
+    assert mpi_cost(16, S, LINK, 4, local) == pytest.approx(
+        ring_cost(4, S, LINK) + 1e-6 + 19 * S / 10e9)
+    assert mpi_cost(2, S, LINK) == ring_cost(2, S, LINK)     # local passes free
+    assert COSTS["mpi"] is mpi_cost
+
+
+def test_rate_by_size_interpolates_in_log_size():
+    model = {"per_unit": 1.0, "by_size": [{"size": 1, "per_unit": 8.0},
+                                          {"size": 16, "per_unit": 2.0},
+                                          {"size": 256, "per_unit": 1.0}]}
+    assert per_unit(model, 4) == pytest.approx(5.0)       # halfway in log
+    assert per_unit(model, 1024) == 1.0 and per_unit(model, None) == 1.0
+    assert per_unit({"per_unit": 3.0}, 8) == 3.0
 
 
 # ---------------------------------------------------------------- the link parser
@@ -141,14 +176,20 @@ def test_bad_link_strings_raise_clear_errors(text, words):
 # ---------------------------------------------------------------- the calibration file
 
 
-def test_calibration_written_and_reused(cal_path, tmp_path):
+def test_calibration_written_and_reused(cal_path, tmp_path, monkeypatch):
+    no_mpi = {"latency": 1e-5, "bandwidth": 1e9, "measured": False}
+    monkeypatch.setattr(sys.modules["graphdist.simulate"], "calibrate_mpi",
+                        lambda repeat: no_mpi)            # no mpiexec from this test
     cal = json.loads(cal_path.read_text())
+    assert [r["size"] for r in cal["ops"]["matmul"]["by_size"]] == [1, 4, 16, 64, 256]
+    assert cal["links"]["mpi"]["measured"] is False and cal["links"]["mpi"]["bandwidth"] > 0
     assert cal["machine"]["cpu_count"] and cal["ops"]["matmul"]["per_unit"] > 0
     assert cal["links"]["copy"]["bandwidth"] > 0 and cal["node_overhead_s"] >= 0
     path = tmp_path / "c.json"
     path.write_text(json.dumps({**cal, "date": "reused"}))
     assert load_calibration(path)["date"] == "reused"                  # read, not measured
-    assert load_calibration(path, recalibrate=True)["date"] != "reused"
+    again = load_calibration(path, recalibrate=True)
+    assert again["date"] != "reused" and again["links"]["mpi"] == no_mpi
     path.write_text(json.dumps({**cal, "date": "x", "machine": {"node": "elsewhere"}}))
     assert load_calibration(path)["date"] != "x"                       # another machine
     assert json.loads(path.read_text())["machine"] == cal["machine"]
@@ -185,9 +226,54 @@ def test_shared_host_and_lowerings(builder, cal_path):
                     measure=False)
 
 
-def test_strong_scaling_builder_is_refused(builder, cal_path):
-    with pytest.raises(ValueError, match="weak scaling"):
+def test_strong_scaling_builder_is_refused_under_weak_scaling(builder, cal_path):
+    with pytest.raises(ValueError, match="weak scaling.*scaling='strong'"):
         gd.simulate(builder.strong, [1, 2], calibration=cal_path, measure=False)
+
+
+@pytest.mark.parametrize("build", ["strong", "build"])
+def test_strong_scaling(builder, cal_path, build):
+    # the global batch is the builder's on 1 device (strong: 16, build: 8), whichever batch
+    # it gives each of 2 devices (strong: 8, build: 8, cut to 4 and 2 for 2 and 4 devices)
+    rows = gd.simulate(getattr(builder, build), [1, 2, 4, 16 if build == "strong" else 8],
+                       scaling="strong", calibration=cal_path, measure=False)
+    weak = gd.simulate(builder.build, [1, 16], calibration=cal_path, measure=False)
+    compute = [r["compute_s"] for r in rows]
+    assert compute == sorted(compute, reverse=True) and compute[-1] < compute[0]
+    assert rows[0]["efficiency"] == 1 and rows[0]["comm_s"] == 0
+    for r in rows[1:]:
+        # the gradient all-reduce does not shrink with the batch
+        assert r["comm_s"] == pytest.approx(2 * ring_cost(r["devices"], 48, LINK), rel=0.05)
+        assert 0 < r["efficiency"] <= 1
+        assert r["efficiency"] == pytest.approx(
+            rows[0]["step_s"] / (r["devices"] * r["step_s"]))
+    if build == "strong":                  # 1 example per replica < 8 of the weak builder's
+        assert rows[-1]["compute_s"] < weak[1]["compute_s"]
+
+
+def test_strong_scaling_batch_errors(builder, cal_path):
+    assert per_replica_batch(512, 4) == 128
+    with pytest.raises(ValueError, match="16 examples on 32 devices.*fewer than 1"):
+        gd.simulate(builder.strong, [1, 32], scaling="strong", calibration=cal_path,
+                    measure=False)
+    with pytest.raises(ValueError, match="batch of 16 examples does not split evenly among "
+                                         "3 devices"):
+        gd.simulate(builder.strong, [3], scaling="strong", calibration=cal_path,
+                    measure=False)
+    with pytest.raises(ValueError, match="scaling must be"):
+        gd.simulate(builder.strong, [2], scaling="sideways", calibration=cal_path)
+
+
+def test_mpi_lowering_uses_the_calibrated_mpi_link_and_no_overlap(builder, cal_path):
+    cal = json.loads(cal_path.read_text())
+    mpi = Link(cal["links"]["mpi"]["latency"], cal["links"]["mpi"]["bandwidth"])
+    rows = gd.simulate(builder.build, [1, 4], cross_device_ops="mpi", calibration=cal_path,
+                       measure=False)
+    assert rows[1]["comm_s"] > 2 * ring_cost(4, 48, mpi)
+    assert rows[1]["step_s"] == pytest.approx(rows[1]["compute_s"] + rows[1]["comm_s"])
+    with pytest.raises(ValueError, match="devices_per_worker"):
+        gd.simulate(builder.build, [2], cross_device_ops="mpi", shared_host=True,
+                    calibration=cal_path, measure=False)
 
 
 def test_cli_json(builder, cal_path, capsys):
@@ -202,6 +288,19 @@ def test_cli_json(builder, cal_path, capsys):
                  "--calibration", str(cal_path)]) == 0
     out = capsys.readouterr().out
     assert "efficiency" in out.splitlines()[0] and len(out.splitlines()) == 3
+
+
+def test_cli_strong_scaling_json(builder, cal_path, capsys):
+    assert main(["simulate", "simbuild:strong", "--devices", "1,2,4", "--scaling", "strong",
+                 "--json", "--calibration", str(cal_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["devices"] for r in rows] == [1, 2, 4]
+    assert all(set(r) == {"devices", "step_s", "compute_s", "comm_s", "efficiency"}
+               for r in rows)
+    assert rows[2]["compute_s"] < rows[0]["compute_s"] and rows[2]["efficiency"] <= 1
+    assert main(["simulate", "simbuild:strong", "--devices", "5", "--scaling", "strong",
+                 "--calibration", str(cal_path)]) == 2
+    assert "does not split evenly among 5 devices" in capsys.readouterr().err
 
 
 def test_cli_bad_link(builder, cal_path, capsys):
