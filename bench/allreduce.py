@@ -133,7 +133,7 @@ def mpi_rows(mib: int, repeat: int, ranks=(2, 4)) -> dict:
     on each number of ranks (one buffer per rank; the slower rank's time per sample); {}
     without mpi4py and mpiexec."""
     from bench.multi_worker import RANK, mpiexec, run
-    from bench.multi_worker_rank import BARE, BARE_OUT, STEP, STEP_BUCKET
+    from bench.multi_worker_rank import BARE, BARE_OUT, BARE_SAME, STEP, STEP_BUCKET
 
     mpi = mpiexec()
     if mpi is None or importlib.util.find_spec("mpi4py") is None:
@@ -143,7 +143,8 @@ def mpi_rows(mib: int, repeat: int, ranks=(2, 4)) -> dict:
     short = {STEP: "graphdist MultiWorkerMirrored all_reduce",
              STEP_BUCKET: "graphdist MultiWorkerMirrored, result kept in the step (r[:1])",
              BARE: "mpi4py Allreduce(IN_PLACE, buf)",
-             BARE_OUT: "mpi4py Allreduce(x, out), a new out each call"}
+             BARE_OUT: "mpi4py Allreduce(x, out), a new out each call",
+             BARE_SAME: "mpi4py copy x + Allreduce(IN_PLACE), one buffer (the step's work)"}
     out = {}
     for k in ranks:
         r = run([mpi, "-n", str(k), *RANK, "allreduce", "--mib", str(mib),

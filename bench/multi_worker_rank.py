@@ -44,6 +44,8 @@ STEP_BUCKET = ("graphdist all_reduce, result kept in the step (as a gradient buc
                "returns r[:1])")
 BARE = "mpi4py comm.Allreduce(IN_PLACE, buf)"
 BARE_OUT = "mpi4py comm.Allreduce(x, out), out = np.empty_like(x) each call"
+BARE_SAME = ("mpi4py np.copyto(out, x); comm.Allreduce(IN_PLACE, out), the same out each "
+             "call (the bucket step's work)")
 BARE_ALONE = "mpi4py comm.Allreduce(IN_PLACE, buf), back to back (not interleaved)"
 
 
@@ -55,6 +57,7 @@ def allreduce(args) -> None:
     size = args.mib * 2**20 // 4
     x = np.random.default_rng(comm.rank).standard_normal(size).astype(np.float32)
     buf = x.copy()                           # the bare in-place all-reduce's own buffer
+    same = np.empty_like(x)                  # the bare form of the bucket step's buffer
 
     @gd.function
     def step(x):
@@ -77,8 +80,13 @@ def allreduce(args) -> None:
 
     head = bucket(x)                  # a per-replica value (one replica here)
     np.testing.assert_array_equal(getattr(head, "values", (head,))[0], want[:1])
+    def bare_same():
+        np.copyto(same, x)
+        comm.Allreduce(MPI.IN_PLACE, same)
+
     contenders = {STEP: lambda: step(x), STEP_BUCKET: lambda: bucket(x),
-                  BARE: lambda: comm.Allreduce(MPI.IN_PLACE, buf), BARE_OUT: bare_out}
+                  BARE: lambda: comm.Allreduce(MPI.IN_PLACE, buf), BARE_OUT: bare_out,
+                  BARE_SAME: bare_same}
     samples = {k: [] for k in contenders}
     for fn in contenders.values():
         for _ in range(args.warmup):

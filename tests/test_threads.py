@@ -31,3 +31,14 @@ def test_avx512_kernels_chosen_only_when_unset_and_supported():
 def test_share_of_cores_per_worker():
     assert threads.share(1) == threads.cores()
     assert threads.share(10 * threads.cores()) == 1
+
+
+def test_workers_give_way_only_when_more_of_them_than_cores_share_the_host(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "_processes_per_host", [2])
+    assert not threads.oversubscribed()          # 2 workers on 2 cores: spin
+    monkeypatch.setattr(threads, "_processes_per_host", [4])
+    assert threads.oversubscribed()              # 4 on 2: yield while waiting
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
+    assert not threads.oversubscribed()          # pinned apart by mpiexec: a core each

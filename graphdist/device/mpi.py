@@ -11,9 +11,11 @@ rank. mpi4py is imported here only, when a multi-worker strategy is made.
 
 from __future__ import annotations
 
+import os
 import time
 
 from graphdist import config
+from graphdist.device import threads
 from graphdist.errors import WorkerError
 
 _ABORT_TAG = 77
@@ -113,11 +115,15 @@ class Group:
         progress on a collective only inside such calls, so a sleep between polls would
         stall every round of a large all-reduce. Every millisecond it also looks for a
         peer's abort notice and the timeout; after 50 ms (a peer is late) it polls less
-        eagerly, leaving the core to other work."""
+        eagerly, leaving the core to other work. With more workers than cores it yields
+        the core after every poll."""
         timeout = config.collective_timeout()
         start = time.perf_counter()
         check = start + 1e-3
+        give_way = threads.oversubscribed()
         while not request.Test():
+            if give_way:          # the peer we wait for may need this core (MPICH yields too)
+                os.sched_yield()
             now = time.perf_counter()
             if now < check:
                 continue

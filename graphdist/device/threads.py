@@ -74,6 +74,17 @@ def cores() -> int:
     return max(1, mine // _processes_per_host[0])
 
 
+def oversubscribed() -> bool:
+    """More worker processes share this process's cores than there are cores (not pinned
+    apart): a process waiting on the others should give its core to them as it polls."""
+    try:
+        mine = len(os.sched_getaffinity(0))
+        total = os.cpu_count() or mine
+    except AttributeError:
+        mine = total = os.cpu_count() or 1
+    return mine == total and _processes_per_host[0] > mine
+
+
 def share(workers: int) -> int:
     """Threads each of `workers` concurrent device workers may use."""
     return max(1, cores() // max(1, workers))
