@@ -37,6 +37,7 @@ from .common import (
     readables,
     same_dtype,
     tensor_group,
+    tuple_groups,
     threads_for,
 )
 
@@ -164,12 +165,12 @@ def adam_multi_cpu(
     """
     if len(params) == 0:
         return
-    ps, gs, ms, vs = tensor_group(params, readables(grads), ms, vs)
-    same_dtype("adam_multi_cpu", ps, gs, ms, vs)
-    with threads_for(4 * sum(a.nbytes for a in ps)):
-        _adam_multi(
-            ps, gs, ms, vs, *_scalars(ps[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
-        )
+    scalars = _scalars(params[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    for group in tuple_groups(params, readables(grads), ms, vs):
+        ps, gs, ms_, vs_ = tensor_group(*group)
+        same_dtype("adam_multi_cpu", ps, gs, ms_, vs_)
+        with threads_for(4 * sum(a.nbytes for a in group[0])):   # the caller's list: no boxing
+            _adam_multi(ps, gs, ms_, vs_, *scalars)
 
 
 def adamw_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):

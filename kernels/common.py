@@ -124,6 +124,21 @@ def tensor_group(*lists):
     return tuple(out)
 
 
+def tuple_groups(*lists) -> list:
+    """The tensor lists of one multi-tensor call cut into groups of at most 16 tensors,
+    each of which tensor_group turns into tuples: a parallel call per 16 tensors beats one
+    over typed Lists (built anew each call, 0.5 ms for 50 tensors x 3 lists, and boxed on
+    every access). Typed Lists given by the caller stay whole.
+
+    >>> [len(g[0]) for g in tuple_groups(list(range(40)), list(range(40)))]
+    [16, 16, 8]
+    """
+    n, step = len(lists[0]), TUPLE_SIZES[-1]
+    if n <= step or any(isinstance(x, typed.List) for x in lists):
+        return [lists]
+    return [tuple(x[start:start + step] for x in lists) for start in range(0, n, step)]
+
+
 def device_view(x):
     """A 1-D numba view of a device buffer (numba, CuPy or any CUDA-array-interface array).
 

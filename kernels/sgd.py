@@ -25,6 +25,7 @@ from .common import (
     readables,
     same_dtype,
     tensor_group,
+    tuple_groups,
     threads_for,
 )
 
@@ -130,10 +131,12 @@ def sgd_multi_cpu(
     if len(params) == 0:
         return
     scalars = _scalars(params[0].dtype, lr, momentum, weight_decay, ms)
-    ps, gs, ms = tensor_group(params, readables(grads), params if ms is None else ms)
-    same_dtype("sgd_multi_cpu", ps, gs, ms)
-    with threads_for(3 * sum(a.nbytes for a in ps)):
-        _sgd_multi(ps, gs, ms, *scalars, bool(nesterov))
+    for group in tuple_groups(params, readables(grads), params if ms is None else ms):
+        ps, gs, ms_ = tensor_group(*group)
+        same_dtype("sgd_multi_cpu", ps, gs, ms_)
+        # sized from the caller's list: a typed List's items are boxed on access (~1 us each)
+        with threads_for(3 * sum(a.nbytes for a in group[0])):
+            _sgd_multi(ps, gs, ms_, *scalars, bool(nesterov))
 
 
 # The CUDA kernels read the hyper-parameters from a float64 device vector, [lr, weight_decay]

@@ -213,3 +213,29 @@ def test_scale_cpu_matches_ref(src, dst):
             before = x.copy()
             reduce.scale_cpu(x, 1 / 3, x)  # in place
             np.testing.assert_array_equal(x, reduce.scale_ref(before, 1 / 3))
+
+
+@pytest.mark.parametrize("count", [16, 17, 40])
+def test_more_tensors_than_a_tuple_holds_run_in_groups_with_the_same_bits(count):
+    """Past 16 tensors the CPU multi-tensor kernels run one call per 16 (tuples, not typed
+    Lists); every tensor still gets exactly its own per-tensor update."""
+    rng = np.random.default_rng(7)
+    shapes = [(int(rng.integers(1, 300)),) for _ in range(count)]
+    ps = [_randn(rng, s, np.float32) for s in shapes]
+    ms, vs = [np.zeros(s, np.float32) for s in shapes], [np.zeros(s, np.float32) for s in shapes]
+    sgd_ps, sgd_ms = [p.copy() for p in ps], [m.copy() for m in ms]
+    refs = [(p.copy(), m.copy(), v.copy()) for p, m, v in zip(ps, ms, vs)]
+    sgd_refs = [(p.copy(), m.copy()) for p, m in zip(ps, ms)]
+    for t in range(1, 3):
+        gs = [_randn(rng, s, np.float32) for s in shapes]
+        refs = [adam.adam_ref(p, g, m, v, *_adam_args(t)) for (p, m, v), g in zip(refs, gs)]
+        sgd_refs = [sgd.sgd_ref(p, g, m, lr=0.1, momentum=0.9)
+                    for (p, m), g in zip(sgd_refs, gs)]
+        adam.adam_multi_cpu(ps, gs, ms, vs, *_adam_args(t))
+        sgd.sgd_multi_cpu(sgd_ps, gs, sgd_ms, lr=0.1, momentum=0.9)
+        for arrays, ref in zip(zip(ps, ms, vs), refs):
+            for actual, expected in zip(arrays, ref):
+                np.testing.assert_array_equal(actual, expected)
+        for arrays, ref in zip(zip(sgd_ps, sgd_ms), sgd_refs):
+            for actual, expected in zip(arrays, ref):
+                np.testing.assert_array_equal(actual, expected)
