@@ -1,7 +1,8 @@
-"""PyTorch DistributedDataParallel (gloo): the MLP step on 2 processes of one thread each,
-each on its half of the global batch (DDP averages the gradients), or PyTorch in one
-process with every thread (`--procs 1`). Started with torch.multiprocessing.spawn, the
-rendezvous on a free TCP port of 127.0.0.1; rank 0 reports.
+"""PyTorch DistributedDataParallel (gloo): the MLP step on N processes (PyTorch's data
+parallelism on CPU), each on its share of the global batch (DDP averages the gradients)
+with the host's cores shared out, or PyTorch in one process with every thread
+(`--procs 1`). Started with torch.multiprocessing.spawn, the rendezvous on a free TCP port
+of 127.0.0.1; rank 0 reports, its first step as `first_call_s`.
 
     python -m bench.peers.torch_ddp_mlp [--procs 2] [--threads 1] [--pin] [--optimizer adam]
 """
@@ -61,8 +62,11 @@ def _worker(rank: int, args, port: int, queue) -> None:
         opt.step()
         return loss
 
-    for _ in range(3):                           # the same first 3 steps as the others
+    t0 = time.perf_counter()
+    for k in range(3):                           # the same first 3 steps as the others
         losses.append(float(step().detach()))
+        if k == 0:
+            first = time.perf_counter() - t0
     for _ in range(args.warmup):
         step()
     samples = []
@@ -80,6 +84,7 @@ def _worker(rank: int, args, port: int, queue) -> None:
         samples = [max(s) for s in zip(*every)]
     if rank == 0:
         queue.put({"median_s": statistics.median(samples), "min_s": min(samples),
+                   "first_call_s": first,
                    "repeat": args.repeat, "samples_s": samples, "losses": losses,
                    "threads": torch.get_num_threads(),
                    "affinity": sorted(os.sched_getaffinity(0))})
@@ -96,14 +101,18 @@ def _free_port() -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--procs", type=int, default=None, help="default: --devices")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="per process (default: the cores shared out, at least 1)")
     ap.add_argument("--pin", action="store_true", help="each process on one core of its own")
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--devices", type=int, default=None, help="ignored (run_peer passes it)")
+    ap.add_argument("--devices", type=int, default=2,
+                    help="processes when --procs is not given (run_peer passes it)")
     args = ap.parse_args()
+    args.procs = args.procs or args.devices
+    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.procs)
     import torch.multiprocessing as mp
 
     from bench.peers.common import report
