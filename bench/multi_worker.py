@@ -42,6 +42,7 @@ worker after the steps).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -56,6 +57,10 @@ RANK = [sys.executable, "-m", "bench.multi_worker_rank"]
 
 
 def mpiexec() -> str | None:
+    """The mpiexec beside this Python (mpich from PyPI) or on PATH, when mpi4py is here too;
+    else None (the MPI benchmarks are skipped)."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
@@ -208,10 +213,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args(argv if argv is not None else [])
     mpi = mpiexec()
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        mpi = None
     if mpi is None:
         print("bench.multi_worker: needs the mpi extra (mpi4py and mpich): "
               "pip install 'graphdist[mpi]'", file=sys.stderr)

@@ -116,10 +116,6 @@ def validate_mpi(repeat: int, rounds: int) -> list[dict]:
     from bench.multi_worker import RANK, _env, mpiexec, run
 
     mpi = mpiexec()
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        mpi = None
     if mpi is None:
         print("bench.simulate: no MPI here (pip install 'graphdist[mpi]'): the 2-worker "
               "case is skipped", file=sys.stderr)
