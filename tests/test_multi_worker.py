@@ -65,6 +65,20 @@ def test_two_workers_of_two_devices_train_as_four_devices_and_as_one(two_workers
     np.testing.assert_allclose(reports[0]["initial_w"], four["initial"], rtol=0)
 
 
+@pytest.mark.parametrize("rows", [11, 3])
+def test_shards_of_different_sizes_on_the_workers_train_as_one_device(two_workers, rows):
+    """11 rows on 2 workers x 2 devices: shards 3, 3 | 3, 2; 3 rows: 1, 1 | 1, 0 (a replica
+    with no example). With the loss averaged over the global batch and the gradients
+    summed, every layout equals one device on the whole batch."""
+    reports, _ = two_workers
+    one = train(gd.OneDeviceStrategy("cpu:0"), seed=7, rows=rows, global_average=True)
+    for rank in (0, 1):
+        got = reports[rank][f"uneven_{rows}"]
+        np.testing.assert_allclose(got["w"], one["w"].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["table"], one["table"].numpy(), rtol=1e-5, atol=1e-6)
+    assert reports[0][f"uneven_{rows}"] == reports[1][f"uneven_{rows}"]
+
+
 def test_mirrored_components_are_bit_identical_across_replicas_and_workers(two_workers):
     reports, _ = two_workers
     assert reports[0]["components_equal"] and reports[1]["components_equal"]

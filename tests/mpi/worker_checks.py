@@ -28,6 +28,13 @@ report["w_bytes"] = w.values[0].tobytes().hex()
 ops = {e.op.name for e in step.replicated_graph.eqns}
 report["collective_ops"] = sorted(op for op in ops if op.startswith("mpi_"))
 
+# ---- shards of different sizes on the workers: 11 rows on 4 replicas (3, 3 | 3, 2), and 3
+# rows (1, 1 | 1, 0: a replica with no example)
+for rows in (11, 3):
+    uneven = train(strategy, seed=7, rows=rows, global_average=True)
+    report[f"uneven_{rows}"] = {"w": uneven["w"].numpy().tolist(),
+                                "table": uneven["table"].numpy().tolist()}
+
 # ---- reductions: eager and traced, SUM and MEAN
 per = strategy.experimental_distribute_values_from_function(
     lambda ctx: np.float32(ctx.replica_id_in_sync_group + 1))
