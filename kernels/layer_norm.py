@@ -1,7 +1,20 @@
 """Layer normalization of the rows of a (rows, D) array, forward and backward, each in one
-parallel pass over the rows (numpy: about ten array passes each way). Statistics accumulate
-in float64 whatever the input dtype; the op's reference (graphdist/ops/layer_norm.py) takes
-them in float32 for float32 inputs, so the two agree to float32 rounding."""
+parallel pass over the rows (numpy: about ten array passes each way).
+
+Per row, one read of the row takes the statistics in float64 (sums of v = x - x[i, 0] and
+v^2: the shift keeps the variance from cancelling when |mean| >> std), and with them the
+backward's sums of ct gamma and ct gamma v; a second read writes the output in x's dtype
+(float32: twice float64's SIMD lanes), as the op's numpy reference (graphdist/ops/
+layer_norm.py) and PyTorch compute it, so they agree to float32 rounding.
+
+The sums are what cost: without fastmath's `reassoc` LLVM must add one element at a time in
+source order (a 4-cycle dependency chain per element, 5-20x slower); with it they vectorize
+into several lanes (`contract` lets multiply-adds fuse; NaN and infinity keep their
+meaning). Every sum's order is fixed by the code and the shape, never the thread count: the
+backward's dgamma/dbeta are summed per row block (BLOCKS of them, however many threads
+run), then over the blocks in order, so any number of threads gives the same bits.
+bench/layer_norm.py times the kernels against numpy, PyTorch and a copy of the bytes."""
+
 
 from __future__ import annotations
 
@@ -10,7 +23,8 @@ from numba import njit, prange
 
 from .common import threads_for
 
-BLOCK = 64     # columns per task of the dgamma/dbeta column sums
+FASTMATH = {"reassoc", "contract"}
+BLOCKS = 64    # row blocks of the backward's dgamma/dbeta partial sums
 
 
 def layer_norm_ref(x, gamma, beta, epsilon):
@@ -42,61 +56,72 @@ def layer_norm_grad_ref(ct, x, gamma, epsilon):
             cta.sum(axis=0).astype(x.dtype))
 
 
-@njit(cache=True, inline="always")
-def _row_stats(x, i, epsilon):     # mean and 1/sqrt(var + eps) of row i, two passes
+@njit(cache=True, inline="always", fastmath=FASTMATH)
+def _row_stats(x, i, epsilon):
+    # mean and 1/sqrt(var + eps) of row i in one pass: float64 sums of v = x - x[i, 0] and
+    # v^2 (the shift keeps mean(v^2) - mean(v)^2 from cancelling when |mean| >> std)
     n = x.shape[1]
-    total = 0.0
+    shift = x[i, 0]
+    total, squares = 0.0, 0.0
     for j in range(n):
-        total += x[i, j]
-    mean = total / n
-    squares = 0.0
-    for j in range(n):
-        d = x[i, j] - mean
-        squares += d * d
-    return mean, 1.0 / np.sqrt(squares / n + epsilon)
+        v = np.float64(x[i, j] - shift)
+        total += v
+        squares += v * v
+    mean_v = total / n
+    return mean_v + shift, 1.0 / np.sqrt(max(squares / n - mean_v * mean_v, 0.0) + epsilon)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _forward(x, gamma, beta, epsilon, out):  # x, out (R, D); gamma, beta (D,)
     for i in prange(x.shape[0]):
         mean, rstd = _row_stats(x, i, epsilon)
+        m, r = x.dtype.type(mean), x.dtype.type(rstd)
         for j in range(x.shape[1]):
-            out[i, j] = (x[i, j] - mean) * rstd * gamma[j] + beta[j]
+            out[i, j] = (x[i, j] - m) * r * gamma[j] + beta[j]
 
 
-@njit(parallel=True, cache=True)
-def _backward_rows(ct, x, gamma, epsilon, dx, means, rstds):  # dx (R, D); means, rstds (R,)
-    n = x.shape[1]
-    for i in prange(x.shape[0]):
-        mean, rstd = _row_stats(x, i, epsilon)
-        sum_g, sum_gx = 0.0, 0.0
-        for j in range(n):
-            g = ct[i, j] * np.float64(gamma[j])
-            sum_g += g
-            sum_gx += g * (x[i, j] - mean) * rstd
-        mean_g, mean_gx = sum_g / n, sum_gx / n
-        for j in range(n):
-            xhat = (x[i, j] - mean) * rstd
-            dx[i, j] = rstd * (ct[i, j] * np.float64(gamma[j]) - mean_g - xhat * mean_gx)
-        means[i], rstds[i] = mean, rstd
-
-
-@njit(parallel=True, cache=True)
-def _backward_columns(ct, x, means, rstds, dgamma, dbeta):  # dgamma, dbeta (D,)
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _backward(ct, x, gamma, epsilon, dx, partial_g, partial_b):
+    # dx (R, D); partial_g, partial_b (blocks, D): each row block's sums of ct xhat and ct.
+    # Per row, one pass takes the statistics and the sums of g = ct gamma and g v (v = x -
+    # x[i, 0], as _row_stats), the second writes dx and adds to the block's sums
     rows, n = x.shape
-    for b in prange((n + BLOCK - 1) // BLOCK):
-        lo = b * BLOCK
-        hi = min(n, lo + BLOCK)
-        acc_g = np.zeros(hi - lo)
-        acc_b = np.zeros(hi - lo)
-        for i in range(rows):
-            for j in range(lo, hi):
-                c = np.float64(ct[i, j])
-                acc_g[j - lo] += c * (x[i, j] - means[i]) * rstds[i]
-                acc_b[j - lo] += c
-        for j in range(lo, hi):
-            dgamma[j] = acc_g[j - lo]
-            dbeta[j] = acc_b[j - lo]
+    blocks = partial_g.shape[0]
+    per_block = (rows + blocks - 1) // blocks
+    for b in prange(blocks):
+        acc_g, acc_b = partial_g[b], partial_b[b]
+        acc_g[:] = 0
+        acc_b[:] = 0
+        for i in range(b * per_block, min(rows, (b + 1) * per_block)):
+            shift = x[i, 0]
+            total, squares, sum_g, sum_gv = 0.0, 0.0, 0.0, 0.0
+            for j in range(n):
+                v = np.float64(x[i, j] - shift)
+                g = np.float64(ct[i, j] * gamma[j])
+                total += v
+                squares += v * v
+                sum_g += g
+                sum_gv += g * v
+            mean_v, mean_g = total / n, sum_g / n
+            rstd = 1.0 / np.sqrt(max(squares / n - mean_v * mean_v, 0.0) + epsilon)
+            mean_gx = (sum_gv / n - mean_v * mean_g) * rstd     # mean(g xhat)
+            m, r = x.dtype.type(mean_v + shift), x.dtype.type(rstd)
+            mg, mgx = x.dtype.type(mean_g), x.dtype.type(mean_gx)
+            for j in range(n):
+                xhat = (x[i, j] - m) * r
+                dx[i, j] = r * (ct[i, j] * gamma[j] - mg - xhat * mgx)
+                acc_g[j] += ct[i, j] * xhat
+                acc_b[j] += ct[i, j]
+
+
+@njit(cache=True)
+def _sum_blocks(partial, out):   # out = partial.sum(axis=0), in float64, blocks in order
+    acc = np.zeros(partial.shape[1])
+    for b in range(partial.shape[0]):
+        for j in range(partial.shape[1]):
+            acc[j] += partial[b, j]
+    for j in range(partial.shape[1]):
+        out[j] = acc[j]
 
 
 def _rows(a, d):
@@ -128,14 +153,13 @@ def layer_norm_grad_cpu(ct, x, gamma, epsilon, naxes, dx, dgamma=None, dbeta=Non
     if not _runs(ct, x, gamma, dx, dgamma, dbeta) or x.size == 0:
         return False
     d = int(np.prod(x.shape[x.ndim - naxes:]))
-    rows = x.size // d
-    means, rstds = np.empty(rows), np.empty(rows)
+    blocks = min(BLOCKS, x.size // d)
+    partial_g, partial_b = np.empty((blocks, d), x.dtype), np.empty((blocks, d), x.dtype)
     with threads_for(3 * x.nbytes):
-        _backward_rows(_rows(ct, d), _rows(x, d),
-                       np.ones(d, x.dtype) if gamma is None else gamma.reshape(-1), epsilon,
-                       _rows(dx, d), means, rstds)
-        if dgamma is not None or dbeta is not None:
-            _backward_columns(_rows(ct, d), _rows(x, d), means, rstds,
-                              np.empty(d, x.dtype) if dgamma is None else dgamma.reshape(-1),
-                              np.empty(d, x.dtype) if dbeta is None else dbeta.reshape(-1))
+        _backward(_rows(ct, d), _rows(x, d),
+                  np.ones(d, x.dtype) if gamma is None else gamma.reshape(-1), epsilon,
+                  _rows(dx, d), partial_g, partial_b)
+    for partial, out in ((partial_g, dgamma), (partial_b, dbeta)):
+        if out is not None:
+            _sum_blocks(partial, out.reshape(-1))
     return True

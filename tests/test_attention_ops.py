@@ -386,6 +386,49 @@ def test_layer_norm_kernels_match_the_reference(dtype, shape, naxes, scale, cent
                               out.astype(np.float16))
 
 
+def test_layer_norm_grad_kernel_is_the_same_bits_on_any_thread_count():
+    """dgamma/dbeta sum per row block, a fixed number of blocks: the thread count changes
+    nothing (300 rows: big enough to run in parallel, 64 blocks of 5 rows, some empty)."""
+    import numba
+    from graphdist.kernels.layer_norm import layer_norm_grad_cpu, layer_norm_grad_ref
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((300, 1000)) * 3 + 2).astype(np.float32)
+    ct = rng.standard_normal(x.shape).astype(np.float32)
+    gamma = rng.uniform(0.5, 1.5, 1000).astype(np.float32)
+    runs = []
+    before = numba.get_num_threads()
+    for threads in sorted({1, before}):
+        numba.set_num_threads(threads)
+        outs = (np.empty_like(x), np.empty_like(gamma), np.empty_like(gamma))
+        try:
+            assert layer_norm_grad_cpu(ct, x, gamma, 1e-5, 1, *outs)
+        finally:
+            numba.set_num_threads(before)
+        runs.append(outs)
+    for got, want in zip(runs[0], layer_norm_grad_ref(ct, x, gamma, 1e-5)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
+    for a, b in zip(runs[0], runs[-1]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_layer_norm_kernels_keep_float64_precision_far_from_zero():
+    """Rows with mean 1e4 and std 1: the kernels' one-pass variance (shifted by each row's
+    first element) must not cancel; unshifted, mean(x^2) - mean^2 loses 8 digits here."""
+    from graphdist.kernels.layer_norm import layer_norm_cpu, layer_norm_grad_cpu
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((16, 300)) + 1e4
+    ct, gamma, beta = rng.standard_normal(x.shape), rng.uniform(0.5, 1.5, 300), np.ones(300)
+    out = np.empty_like(x)
+    assert layer_norm_cpu(x, gamma, beta, 1e-5, 1, out)
+    np.testing.assert_allclose(out, layer_norm_formula(x, gamma, beta, 1), rtol=1e-11, atol=1e-11)
+    got = (np.empty_like(x), np.empty_like(gamma), np.empty_like(gamma))
+    assert layer_norm_grad_cpu(ct, x, gamma, 1e-5, 1, *got)
+    for g, w in zip(got, layer_norm_grad_formula(ct, x, gamma, 1, True, True)):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
 def _counting(monkeypatch, names):
     from graphdist.runtime import kernel_table
 
