@@ -21,6 +21,7 @@ from bench.common import peer_python, run_peer, run_peers, save, table
 from bench.models import graphdist_side_by_side, make_cnn_step
 from bench.peers.common import CNN_BATCH, cnn_data
 from graphdist.ops import OPS
+from graphdist.runtime.kernel_table import conv2d_backprop_input_cpu
 
 PEERS = [("bench.peers.jax_cnn", 1), ("bench.peers.tf_cnn", 1), ("bench.peers.torch_cnn", 1),
          ("bench.peers.jax_cnn", 4), ("bench.peers.tf_cnn", 4)]
@@ -68,7 +69,8 @@ def _timed(fn) -> float:
 
 
 def conv_gflops(batch: int, repeat: int = 20) -> list:
-    """GFLOP/s of conv2d and its two backward ops on the tutorial's two layers."""
+    """GFLOP/s of conv2d and its two backward ops on the tutorial's two layers, each as the
+    CPU runtime runs it (the input gradient: its kernel, bench/conv_input_grad.py)."""
     rng = np.random.default_rng(0)
     p = {"strides": (1, 1), "padding": "VALID", "dilations": (1, 1)}
     rows = []
@@ -80,8 +82,8 @@ def conv_gflops(batch: int, repeat: int = 20) -> list:
         dy = rng.random(y.shape, dtype=np.float32)
         flops = 2 * y.size * 9 * c
         cases = {"forward": lambda: OPS["conv2d"].impl(np, x, f, **p),
-                 "backprop input": lambda: OPS["conv2d_backprop_input"].impl(
-                     np, dy, f, input_size=(hw, hw), **p),
+                 "backprop input": lambda: conv2d_backprop_input_cpu(
+                     np.empty_like(x), dy, f, input_size=(hw, hw), **p),
                  "backprop filter": lambda: OPS["conv2d_backprop_filter"].impl(
                      np, x, dy, filter_size=(3, 3), **p)}
         for what, fn in cases.items():

@@ -399,6 +399,38 @@ def test_max_pool_grad_kernel_matches_reference(padding, ksize, strides):
     np.testing.assert_allclose(bind(OPS["max_pool2d_grad"], x, y, dy, **p), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("channels", [3, 5])             # columns taps first, rows first
+@pytest.mark.parametrize("dtype", [np.float32, F64])
+@pytest.mark.parametrize("padding,strides,dilations", COMBOS)
+def test_conv_input_grad_kernel_matches_loops_and_the_numpy_bits(
+        padding, strides, dilations, dtype, channels, monkeypatch):
+    """The CPU kernel (one GEMM, then col2im: Numba's from 4 channels on) against this file's
+    loops, in pieces of one image, and bit for bit against the op's numpy form, which the
+    warm-up runs first."""
+    from graphdist.kernels.conv import col2im_ref
+
+    from graphdist.ops import conv
+    from graphdist.runtime.kernel_table import conv2d_backprop_input_cpu
+
+    rng = np.random.default_rng(11)
+    f = rng.standard_normal((3, 2, channels, 4)).astype(dtype)
+    s, d = _pair(strides), _pair(dilations)
+    dy = rng.standard_normal((3, *out_hw((7, 9), (3, 2), s, d, padding), 4)).astype(dtype)
+    p = {"input_size": (7, 9), "strides": s, "padding": padding, "dilations": d}
+    want = conv_input_ref(dy, f, (7, 9), s, padding, d)
+    monkeypatch.setattr(conv, "PATCH_BYTES", 1)            # one image a piece
+    dx, numpy_form = np.full_like(want, np.nan), np.full_like(want, np.nan)
+    conv2d_backprop_input_cpu(dx, dy, f, **p)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(dx, want, rtol=tol, atol=tol)
+    OPS["conv2d_backprop_input"].out_impl(np, numpy_form, dy, f, **p)
+    np.testing.assert_array_equal(dx, numpy_form)
+    top_left = (geometry(7, 3, s[0], d[0], padding)[1], geometry(9, 2, s[1], d[1], padding)[1])
+    cols = np.einsum("nabo,ijco->nabijc", dy, f)
+    np.testing.assert_allclose(col2im_ref(cols, (7, 9), s, d, top_left), want, rtol=tol,
+                               atol=tol)
+
+
 def test_the_compiled_step_uses_the_kernel(monkeypatch):
     from graphdist.runtime import kernel_table
 

@@ -153,7 +153,8 @@ def test_a_cnn_with_max_pooling_trains_to_the_same_bits_on_either_form():
         strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
         with strategy.scope():
             k = gd.Variable((rng.standard_normal((3, 3, 1, 16)) * 0.3).astype(np.float32))
-            w = gd.Variable((rng.standard_normal((13 * 13 * 16, 10)) * 0.05)
+            k2 = gd.Variable((rng.standard_normal((3, 3, 16, 8)) * 0.1).astype(np.float32))
+            w = gd.Variable((rng.standard_normal((11 * 11 * 8, 10)) * 0.05)
                             .astype(np.float32))
             opt = gd.optimizers.Adam(1e-2)
         # integer-valued images make ties in the pooling windows: both forms pick alike
@@ -166,13 +167,14 @@ def test_a_cnn_with_max_pooling_trains_to_the_same_bits_on_either_form():
                 with gd.GradientTape() as tape:
                     h = gd.nn.max_pool2d(gd.relu(gd.nn.conv2d(x, k, 1, "VALID")), 2, 2,
                                          "VALID")
+                    h = gd.nn.conv2d(h, k2, 1, "VALID")    # its input gradient: col2im
                     logits = gd.reshape(h, (h.shape[0], -1)) @ w
                     loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, logits))
-                opt.apply_gradients(zip(tape.gradient(loss, [k, w]), [k, w]))
+                opt.apply_gradients(zip(tape.gradient(loss, [k, k2, w]), [k, k2, w]))
                 return loss
             return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=(x, y)))
 
-        return step, [k, w], (x, y)
+        return step, [k, k2, w], (x, y)
     assert_same_bits(make)
 
 

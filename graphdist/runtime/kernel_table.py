@@ -7,7 +7,9 @@ works on any backend. Where a faster kernel exists for a backend, it is listed h
   `op.inplace` names in place (optimizer updates, the fused all-reduce + update), or, for a
   collective with several outputs, as `kernel(outs, *inputs, **params)` (NCCL);
 - OUT_KERNELS[(kind, op)]: `kernel(out, *inputs, **params)` writing into `out` (or a tuple
-  of outputs), in place of the op's generic `out_impl`.
+  of outputs), in place of the op's generic `out_impl`;
+- NUMPY_KERNELS[(kind, op)]: in-place numpy forms of the update kernels, called like them,
+  giving their bits; they run where the kernel does not (a first call, fused=False).
 
 Kernels come from graphdist.kernels (Numba, CPU and CUDA) and are imported only when a
 program that uses them is lowered, so `import graphdist` compiles nothing.
@@ -20,6 +22,7 @@ import functools
 import numpy as np
 
 from graphdist.ir.types import LOW_PRECISION
+from graphdist.runtime import numpy_updates
 
 # ---------------------------------------------------------------- optimizer updates (CPU)
 # `hyper` is the update's float64 hyper-parameter vector (graphdist/ops/optim.py); the CPU
@@ -231,6 +234,15 @@ def max_pool2d_grad_cpu(dx, x, y, dy, *, ksize, strides, padding):
     max_pool_grad_cpu(x, y, dy, dx, ksize, strides, (pads[0][0], pads[1][0]))
 
 
+def conv2d_backprop_input_cpu(dx, dy, f, **params):
+    """One GEMM into columns per chunk of images, then a parallel Numba col2im (numpy: a
+    strided add over dx per window tap, same bits)."""
+    from graphdist.kernels.conv import col2im_cpu
+    from graphdist.ops.conv import input_grad_by_columns
+
+    input_grad_by_columns(np, dx, dy, f, col2im=col2im_cpu, **params)
+
+
 # ---------------------------------------------------------------- row-sparse values (CPU)
 
 
@@ -286,7 +298,7 @@ def layer_norm_cpu(out, x, *affine, naxes, epsilon, scale, center):
 
 
 def layer_norm_grad_cpu(outs, ct, x, *gamma, naxes, epsilon, scale, center):
-    """dx in one pass over the rows, dgamma and dbeta in one over column blocks."""
+    """dx, and dgamma and dbeta as per-row-block partial sums, in one pass over the rows."""
     from graphdist.kernels.layer_norm import layer_norm_grad_cpu
     from graphdist.ops import OPS
 
@@ -311,12 +323,16 @@ def _compiled_dtypes(types) -> bool:
     return not any(t.dtype in LOW_PRECISION for t in types)
 
 
-def kernel(backend, op, types=(), deferred=False):
+def kernel(backend, op, types=(), deferred=False, fused=True):
     """The kernel that runs `op` on `backend`'s device kind, if one is listed for operands of
-    these types (ArrayTypes of the inputs and outputs). deferred=True: None for the ops whose
-    numpy form gives the kernel's bits (a program's first calls, runtime/warmup.py)."""
-    if not _compiled_dtypes(types) or deferred and op.name in EXACT_FALLBACK:
+    these types (ArrayTypes of the inputs and outputs). deferred=True (a program's first
+    calls, runtime/warmup.py) for an op whose numpy form gives the kernel's bits, or
+    fused=False for an in-place update: its in-place numpy form if NUMPY_KERNELS has one
+    (same calling convention), else None (the op's generic impl)."""
+    if not _compiled_dtypes(types):
         return None
+    if deferred and op.name in EXACT_FALLBACK or not fused and op.inplace:
+        return NUMPY_KERNELS.get((backend.kind, op.name))
     return KERNELS.get((backend.kind, op.name))
 
 
@@ -360,12 +376,26 @@ KERNELS = {
     ("gpu", "nccl_all_reduce"): nccl_all_reduce_gpu,
 }
 
+# In-place numpy forms of the CPU update kernels (runtime/numpy_updates.py): the same bits,
+# with the kernels' calling conventions, where those kernels do not run (deferred or unfused).
+# Only numpy: nothing for the warm-up to load.
+NUMPY_KERNELS = {
+    ("cpu", "sgd_update"): numpy_updates.sgd,
+    ("cpu", "sgd_momentum_update"): numpy_updates.momentum,
+    ("cpu", "adam_update"): numpy_updates.adam,
+    ("cpu", "sgd_multi_update"): numpy_updates.sgd_multi,
+    ("cpu", "sgd_momentum_multi_update"): numpy_updates.momentum_multi,
+    ("cpu", "adam_multi_update"): numpy_updates.adam_multi,
+    ("cpu", "host_reduce_update"): numpy_updates.reduce_update,
+}
+
 OUT_KERNELS = {
     ("cpu", "host_all_reduce"): host_all_reduce_cpu,
     ("cpu", "where"): where_cpu,
     ("cpu", "relu_grad"): relu_grad_cpu,
     ("cpu", "max_pool2d"): max_pool2d_cpu,
     ("cpu", "max_pool2d_grad"): max_pool2d_grad_cpu,
+    ("cpu", "conv2d_backprop_input"): conv2d_backprop_input_cpu,
     ("cpu", "gelu"): gelu_cpu,
     ("cpu", "gelu_grad"): gelu_grad_cpu,
     ("cpu", "layer_norm"): layer_norm_cpu,
@@ -382,5 +412,5 @@ EXACT_FALLBACK = frozenset({
     "sgd_update", "sparse_sgd_update", "sgd_momentum_update", "adam_update",
     "sgd_multi_update", "sgd_momentum_multi_update", "adam_multi_update",
     "host_reduce_update", "host_all_reduce", "where", "relu_grad", "max_pool2d",
-    "max_pool2d_grad", "scatter_rows", "sum_duplicates",
+    "max_pool2d_grad", "conv2d_backprop_input", "scatter_rows", "sum_duplicates",
 })

@@ -211,8 +211,7 @@ class _Lowering:
             return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
         types = [v.ty for v in (*eqn.inputs, *eqn.outputs)]
-        kernel = (kernel_table.kernel(backend, op, types, self.deferred)
-                  if (self.fused or not op.inplace) else None)
+        kernel = kernel_table.kernel(backend, op, types, self.deferred, self.fused)
         out_kernel = kernel_table.out_kernel(backend, op, types, self.fused, self.deferred)
         out_impl = kernel_table.out_impl(backend, op, types, self.fused, self.deferred)
         # a listed kernel of an op with several outputs writes them all, small ones too
@@ -330,7 +329,10 @@ class _Lowering:
             self.arena_of[out] = buf
 
     def note_kernel(self, kernel, params, form: str, eqn) -> None:
-        """Remember a CPU kernel call for warmup (what a first call may run without)."""
+        """Remember a CPU kernel call for warmup (what a first call may run without); an
+        in-place numpy form (unfused, or deferred) has nothing to load."""
+        if kernel in kernel_table.NUMPY_KERNELS.values():
+            return
         if self.backend_of(eqn.device).kind == "cpu":
             ins = tuple(v.ty if isinstance(v, Var) else np.asarray(v.value, v.ty.dtype)[()]
                         for v in eqn.inputs)
