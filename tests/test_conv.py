@@ -678,3 +678,29 @@ def test_the_forward_pass_in_pieces_equals_one_piece(monkeypatch):
     pieces = gd.nn.conv2d(x, f, strides=(2, 1), padding="SAME", dilations=1)
     np.testing.assert_allclose(pieces, whole, rtol=1e-6, atol=1e-6)
     assert len(conv._image_chunks(5, 10)) == 5
+
+
+@pytest.mark.parametrize("channels", [1, 5])             # patches taps first, rows first
+@pytest.mark.parametrize("dtype", [np.float32, F64])
+@pytest.mark.parametrize("padding,strides,dilations", COMBOS)
+def test_the_filter_gradient_in_pieces_sums_them_in_order(
+        padding, strides, dilations, dtype, channels, monkeypatch):
+    """conv2d_backprop_filter makes its patches PATCH_BYTES at a time and adds each piece's
+    product into dw in order: cut into pieces of one image it matches the loops, and gives
+    the bits of the one-image products added up image after image (a fixed sum order)."""
+    from graphdist.ops import conv
+
+    rng = np.random.default_rng(12)
+    s, d = _pair(strides), _pair(dilations)
+    x = rng.standard_normal((4, 7, 9, channels)).astype(dtype)
+    dy = rng.standard_normal((4, *out_hw((7, 9), (3, 2), s, d, padding), 3)).astype(dtype)
+    p = {"filter_size": (3, 2), "strides": s, "padding": padding, "dilations": d}
+    monkeypatch.setattr(conv, "PATCH_BYTES", 1)            # one image a piece
+    dw = bind(OPS["conv2d_backprop_filter"], x, dy, **p)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(dw, conv_filter_ref(x, dy, (3, 2), s, padding, d), rtol=tol,
+                               atol=tol)
+    in_order = bind(OPS["conv2d_backprop_filter"], x[:1], dy[:1], **p)
+    for b in range(1, 4):
+        in_order = in_order + bind(OPS["conv2d_backprop_filter"], x[b:b + 1], dy[b:b + 1], **p)
+    np.testing.assert_array_equal(dw, in_order)

@@ -1,8 +1,8 @@
 """Convolutions in TF's NHWC layout, one block per op: conv2d and its two backward ops (TF's
 Conv2DBackpropInput / Conv2DBackpropFilter), plus the window geometry they share with
-pooling (graphdist/ops/pool.py). The CPU path is im2col (a strided view, copied once) and
-one GEMM, and for the input gradient one GEMM and col2im; padding, strides and dilations
-follow TF exactly."""
+pooling (graphdist/ops/pool.py). The CPU path is im2col (a strided view, copied a few
+images at a time) and a GEMM per piece, and for the input gradient a GEMM and col2im per
+piece; padding, strides and dilations follow TF exactly."""
 
 from __future__ import annotations
 
@@ -24,11 +24,10 @@ from graphdist.ops.window import (describe, fold_replicas, operands, pair, requi
 FEW_CHANNELS = 4
 
 
-# the forward pass makes and multiplies the patches of at most this many bytes at a time
-# (whole images), so the GEMM reads them while they are still in cache. x (256, 13, 13, 32)
-# with 3x3x32x64 filters, 2 cores: 9.5 ms in one piece, 8.0-8.5 ms in 4 MiB pieces, 9-10 ms
-# in 9-18 MiB ones. The filter gradient gained nothing from pieces (its GEMM sums over the
-# rows): it stays one product.
+# the forward pass and the filter gradient make and multiply the patches of at most this
+# many bytes at a time (whole images), so the GEMM reads them while they are still in cache.
+# x (256, 13, 13, 32) with 3x3x32x64 filters, 2 cores: forward 9.5 ms in one piece, 8.0-8.5
+# ms in 4 MiB pieces, 9-10 ms in 9-18 MiB ones; the filter gradient below.
 PATCH_BYTES = 4 << 20
 
 
@@ -215,6 +214,16 @@ conv2d_backprop_input_p.def_cost(lambda ins, outs, **_: _conv_cost(
     ins, outs, rows_macs=ins[0].size * ins[1].size // ins[1].shape[3]))
 
 # ---------------------------------------------------------------- conv2d_backprop_filter
+# dw = patches^T @ dy: a small (KH*KW*C, O) result summed over every row of the batch. Per
+# PATCH_BYTES of patches at a time (whole images), each piece's product added into dw in
+# the pieces' order (deterministic), so the GEMM reads patches still in cache rather than
+# 36 MB of them written out first. bench/conv_filter_grad.py, 2 cores, x (256, 13, 13, 32),
+# 3x3x32x64: 6.6-6.9 ms in the CNN step against 7.7-7.9 for one product; alone 6.5-7.6 ms
+# in 2-4 MiB pieces, the best size moving between runs, and in this VM's slow spells each
+# GEMM call costs more (4 MiB pieces 9.4 ms, one product 8.1). Batch 64 and one input
+# channel: within noise. A parallel Numba im2col is slower per piece (thread start-up: 0.12
+# against numpy's 0.09 ms for 30 images), a direct Numba kernel for one input channel no
+# faster than the GEMM.
 
 conv2d_backprop_filter_p = Op("conv2d_backprop_filter")
 
@@ -238,9 +247,15 @@ def _conv2d_backprop_filter_shape(x, dy, *, filter_size, strides, padding, dilat
 def _conv2d_backprop_filter_out(xp, dw, x, dy, *, filter_size, strides, padding, dilations):
     out_hw, pads = window_geometry("", x.shape[1:3], tuple(filter_size), strides, dilations,
                                    padding, "")
-    cols = _im2col(xp, x, tuple(filter_size), strides, dilations, out_hw, pads)
     o = dy.shape[3]
-    xp.matmul(cols.T, dy.reshape(-1, o), out=dw.reshape(-1, o))   # (KH*KW*C, O)
+    dw2 = dw.reshape(-1, o)                                        # (KH*KW*C, O)
+    parts = _image_chunks(x.shape[0], out_hw[0] * out_hw[1] * dw[..., 0].size * x.itemsize)
+    part_dw = xp.empty_like(dw2) if len(parts) > 1 else None
+    for k, part in enumerate(parts):                # in order: a fixed sum order
+        cols = _im2col(xp, x[part], tuple(filter_size), strides, dilations, out_hw, pads)
+        xp.matmul(cols.T, dy[part].reshape(-1, o), out=part_dw if k else dw2)
+        if k:
+            dw2 += part_dw
 
 
 @conv2d_backprop_filter_p.def_impl
