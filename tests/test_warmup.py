@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -273,3 +274,24 @@ def test_a_warm_up_that_fails_still_switches_to_the_kernels():
 
 def _raises(*_):
     raise RuntimeError("no such signature")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_keeps_the_numpy_forms_and_does_not_wait_at_exit():
+    """A child forked while a warm-up is pending must not wait for the parent's thread
+    (at exit, it would wait forever) and keeps training on the numpy forms."""
+    gd.config.set_background_compile(True)
+    step, variables, batch = mlp(OPTIMIZERS["sgd"], ["cpu:0", "cpu:1"])()
+    with warmup.paused():
+        step(*batch)
+        (program,) = programs(step)
+        pid = os.fork()
+        if pid == 0:                                   # the child
+            ok = warmup.wait(timeout=5) and program.warming
+            before = variables[0].numpy()
+            step(*batch)
+            ok = ok and program.warming and not np.array_equal(before, variables[0].numpy())
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert warmup.wait(timeout=120) and not program.warming     # the parent's goes on

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -177,6 +178,19 @@ def enabled() -> bool:
     return config.background_compile()
 
 
+def _forget_in_child() -> None:
+    """A forked child has no warm-up thread: it drops the parent's queue (whose locks that
+    thread may have held) and keeps the programs still warming on their numpy forms, which
+    is also what it should run: the kernels' OpenMP threads do not survive a fork."""
+    global _idle, _jobs, _worker, _pending, _running
+    _idle, _jobs, _worker, _pending = threading.Condition(), queue.Queue(), None, 0
+    was_running, _running = _running.is_set(), threading.Event()
+    if was_running:
+        _running.set()
+
+
 # a short script's warm-up finishes before the interpreter does, so the kernels land in
 # Numba's on-disk cache and its next run starts warm
 atexit.register(wait)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
