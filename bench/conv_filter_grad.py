@@ -15,11 +15,9 @@ import functools
 
 import numpy as np
 
-import graphdist as gd
 from bench.common import interleaved, save, table
 from graphdist.ops import OPS, conv
 from graphdist.ops.window import window_geometry
-from graphdist.runtime import kernel_table
 
 LAYERS = {"conv1 28x28x1->32": (28, 1, 32), "conv2 13x13x32->64": (13, 32, 64)}
 PIECES = (1 << 20, 2 << 20, 8 << 20)               # besides the default PATCH_BYTES
@@ -104,22 +102,10 @@ def steps(repeat: int) -> dict:
     gradient, and with the op's, timed side by side. The former keeps its patch buffer: one
     it allocated afresh on every call (36 MB, mapped anew by glibc, page faults) slowed the
     other step's GEMMs too (the op's filter gradient 6.7 -> 9.8 ms)."""
-    from bench.models import make_cnn_step
-    from bench.peers.common import cnn_data
+    from bench.models import cnn_steps_with
 
-    batch, made = cnn_data(), {}
-    for name, form in (("former: one GEMM over the batch", one_product),
-                       ("pieces (the op)", None)):
-        if form is not None:
-            kernel_table.OUT_KERNELS[KEY] = form       # read when the step is lowered
-        try:
-            step, _ = make_cnn_step(gd.OneDeviceStrategy("cpu:0"))
-            step(batch)
-        finally:
-            kernel_table.OUT_KERNELS.pop(KEY, None)
-        made[name] = step
-    return interleaved({k: (lambda s=s: s(batch)) for k, s in made.items()}, repeat,
-                       label="CNN step")
+    return cnn_steps_with(KEY, {"former: one GEMM over the batch": one_product,
+                                "pieces (the op)": None}, repeat)
 
 
 def main(argv=None) -> list:

@@ -15,11 +15,9 @@ import functools
 
 import numpy as np
 
-import graphdist as gd
 from bench.common import interleaved, save, table
 from graphdist.ops import OPS, conv
 from graphdist.ops.window import taps, window_geometry
-from graphdist.runtime import kernel_table
 from graphdist.runtime.kernel_table import conv2d_backprop_input_cpu
 
 LAYERS = {"conv1 28x28x1->32": (28, 1, 32), "conv2 13x13x32->64": (13, 32, 64)}
@@ -65,22 +63,12 @@ def contenders():
 def steps(repeat: int) -> dict:
     """The tutorial CNN's one-device step lowered with the former form as its CPU kernel,
     and with the kernel, timed side by side."""
-    from bench.models import make_cnn_step
-    from bench.peers.common import cnn_data
+    from bench.models import cnn_steps_with
 
-    batch, key = cnn_data(), ("cpu", "conv2d_backprop_input")
-    made = {}
-    for name, form in (("former: per-tap GEMMs", per_tap),
-                       ("one GEMM + col2im (the kernel)", conv2d_backprop_input_cpu)):
-        kernel_table.OUT_KERNELS[key] = form           # read when the step is lowered
-        try:
-            step, _ = make_cnn_step(gd.OneDeviceStrategy("cpu:0"))
-            step(batch)
-        finally:
-            kernel_table.OUT_KERNELS[key] = conv2d_backprop_input_cpu
-        made[name] = step
-    return interleaved({k: (lambda s=s: s(batch)) for k, s in made.items()}, repeat,
-                       label="CNN step")
+    return cnn_steps_with(("cpu", "conv2d_backprop_input"),
+                          {"former: per-tap GEMMs": per_tap,
+                           "one GEMM + col2im (the kernel)": conv2d_backprop_input_cpu},
+                          repeat)
 
 
 def main(argv=None) -> list:

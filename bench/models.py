@@ -52,6 +52,31 @@ def cnn_logits(ps, x):
     return gd.relu(h @ w3 + b3) @ w4 + b4
 
 
+def cnn_steps_with(key, forms: dict, repeat: int) -> dict:
+    """The tutorial CNN's one-device step built once with each form of the CPU out-kernel
+    `key` ((kind, op) in runtime/kernel_table.OUT_KERNELS; None: the table as it is),
+    timed interleaved: what a kernel change does to the whole step."""
+    from bench.common import interleaved
+    from bench.peers.common import cnn_data
+    from graphdist.runtime import kernel_table
+
+    batch, made, listed = cnn_data(), {}, kernel_table.OUT_KERNELS.get(key)
+    for name, form in forms.items():
+        if form is not None:
+            kernel_table.OUT_KERNELS[key] = form       # read when the step is lowered
+        try:
+            step, _ = make_cnn_step(gd.OneDeviceStrategy("cpu:0"))
+            step(batch)
+        finally:
+            if listed is None:
+                kernel_table.OUT_KERNELS.pop(key, None)
+            else:
+                kernel_table.OUT_KERNELS[key] = listed
+        made[name] = step
+    return interleaved({k: (lambda s=s: s(batch)) for k, s in made.items()}, repeat,
+                       label="CNN step")
+
+
 def make_cnn_step(strategy, params=None):
     """(step, variables): one Adam step (lr 1e-3) of the tutorial CNN under `strategy`."""
     from bench.peers.common import cnn_init
