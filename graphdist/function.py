@@ -468,8 +468,13 @@ class Function:
         return result, done, trace
 
     def program_source(self, *args, **kwargs) -> str:
-        """The generated Python program(s) of a signature (the latest when no args)."""
+        """The generated Python program(s) of a signature (the latest when no args). While
+        its kernels still load in the background, a first line says that their calls run
+        their numpy forms for now (runtime/warmup.py): the source shows what runs next."""
         entry = self._entry(args, kwargs) if args or kwargs else self._latest()
+        if any(getattr(p, "warming", False) for p in entry.executable.programs):
+            return ("# the Numba kernels below are still loading: until they have, their calls "
+                    "run their numpy forms (the same bits)\n" + entry.executable.source)
         return entry.executable.source
 
 

@@ -219,8 +219,10 @@ def test_the_program_switches_to_the_kernels_once_they_load():
         numpy_forms = program.fn
         step(*batch)
         assert program.warming and program.fn is numpy_forms
+        assert step.program_source().startswith("# the Numba kernels below are still loading")
     assert warmup.wait(timeout=120)
     assert not program.warming and program.fn is not numpy_forms
+    assert not step.program_source().startswith("#")
     before = [v.numpy() for v in variables]
     step(*batch)
     assert any(not np.array_equal(a, v.numpy()) for a, v in zip(before, variables))
