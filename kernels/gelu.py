@@ -7,7 +7,7 @@ exact form uses Eigen's float32 rational erf (what TF and XLA use; |error| <= 4e
 exp for the Gaussian density built from multiplies and adds (relative error <= 1e-5 on the
 range that matters), both of which LLVM vectorizes: 0.2 ms forward, 0.3 ms gradient. The
 cost: 0.5 x (1 + erf) loses the far negative tail (absolute error <= 1.2e-6 in gelu, as in
-TF), which the float64 reference keeps."""
+TF), which the float64 reference keeps. gelu_numpy.py holds their numpy twins (same bits)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from .common import threads_for
+from .gelu_numpy import ERF_P, ERF_Q, EXP_TAYLOR, HALF, ONE, RSQRT2_32, RSQRT2PI_32, runs
 
 _C = math.sqrt(2.0 / math.pi)
 _K = 0.044715
@@ -72,17 +73,9 @@ def _gelu_grad(ct, x, out, approximate):  # (n,); out may be ct or x
         out[i] = ct[i] * _gelu1(np.float64(x[i]), approximate)[1]
 
 
-# Eigen's generic_fast_erf_float: odd numerator, even denominator, on [-4, 4]
-_ERF_P = tuple(np.float32(c) for c in (
-    -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
-    -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
-    -1.60960333262415e-02))
-_ERF_Q = tuple(np.float32(c) for c in (
-    -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
-    -7.37332916720468e-03, -1.42647390514189e-02))
-_EXP_TAYLOR = tuple(np.float32(1 / math.factorial(k)) for k in range(10, -1, -1))
-_HALF, _ONE = np.float32(0.5), np.float32(1.0)
-_RSQRT2_32, _RSQRT2PI_32 = np.float32(_RSQRT2), np.float32(_RSQRT2PI)
+# Eigen's rational erf and the exp polynomial's constants: shared with the numpy twins
+_ERF_P, _ERF_Q, _EXP_TAYLOR = ERF_P, ERF_Q, EXP_TAYLOR
+_HALF, _ONE, _RSQRT2_32, _RSQRT2PI_32 = HALF, ONE, RSQRT2_32, RSQRT2PI_32
 
 
 @njit(cache=True, inline="always")
@@ -127,10 +120,7 @@ def _gelu_grad32(ct, x, out):  # float32 (n,); out may be ct or x
         out[i] = ct[i] * (cdf + v * _exp_nonpositive32(-_HALF * v * v) * _RSQRT2PI_32)
 
 
-def _runs(*arrays) -> bool:
-    first = arrays[0]
-    return all(a.shape == first.shape and a.dtype == first.dtype and a.flags.c_contiguous
-               and a.dtype in (np.float32, np.float64) for a in arrays)
+_runs = runs
 
 
 def gelu_cpu(x, out, approximate) -> bool:

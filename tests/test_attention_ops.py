@@ -340,6 +340,54 @@ def test_gelu_kernels_match_their_references_and_the_op(dtype, approximate):
     assert not gelu_cpu(x.astype(np.float16), x.astype(np.float16), approximate)
 
 
+def _gelu_inputs(dtype, rng):
+    """Normal values at several scales, the erf clamp's edges, extremes and random bit
+    patterns (NaNs of every payload among them): more than one of the twins' chunks."""
+    fi = np.finfo(dtype)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, fi.tiny, -fi.tiny, fi.max, -fi.max,
+               fi.smallest_subnormal, -fi.smallest_subnormal, 4 * math.sqrt(2), 5.9, -5.9,
+               -8.49, 6.0, -6.0, 1e30, -1e30, 0.5]
+    normal = np.concatenate([rng.standard_normal(6000) * s for s in (0.01, 1, 3, 10, 1e3)])
+    bits = np.frombuffer(rng.bytes(8000 * np.dtype(dtype).itemsize), dtype)
+    return np.concatenate([special, normal, rng.uniform(-40, 40, 2000)]).astype(dtype), bits
+
+
+def _assert_same_bits(got, want):
+    """Equal bit for bit, a NaN's sign and payload aside (NaN * NaN keeps either operand's,
+    as the compiler orders them); -0.0 is not 0.0 here."""
+    as_int = np.dtype(f"u{want.dtype.itemsize}")
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(as_int), want[~nan].view(as_int))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")      # the reference on NaN, inf
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", [False, True])
+def test_gelu_numpy_twins_give_the_kernels_bits(dtype, approximate):
+    """The numpy forms a program's first calls run (kernel_table.NUMPY_OUT_KERNELS) against
+    the Numba kernels, bit for bit: both must give the same training run."""
+    from graphdist.runtime import kernel_table
+
+    rng = np.random.default_rng(11)
+    x = np.concatenate(_gelu_inputs(dtype, rng)).reshape(-1, 5)
+    ct = rng.standard_normal(x.shape).astype(dtype)
+    ct.flat[:6] = [0.0, -0.0, np.inf, np.nan, 1e-30, -3.0]
+    for args in ((x,), (ct, x)):
+        kernel, twin = ((kernel_table.gelu_cpu, kernel_table.gelu_numpy) if len(args) == 1 else
+                        (kernel_table.gelu_grad_cpu, kernel_table.gelu_grad_numpy))
+        want, got = np.empty_like(x), np.full_like(x, 7.0)
+        kernel(want, *args, approximate=approximate)
+        twin(got, *args, approximate=approximate)
+        _assert_same_bits(got, want)
+        aliased = args[-1].copy()                      # out may be x
+        twin(aliased, *args[:-1], aliased, approximate=approximate)
+        _assert_same_bits(aliased, want)
+    strided = np.empty((x.shape[0], 3), dtype)     # not the kernel's: both take the op's impl
+    kernel_table.gelu_numpy(strided, x[:, ::2], approximate=approximate)
+    np.testing.assert_array_equal(strided, gd.nn.gelu(x[:, ::2], approximate))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,naxes,scale,center", _NORMS)
 def test_layer_norm_kernels_match_the_reference(dtype, shape, naxes, scale, center):

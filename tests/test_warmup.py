@@ -203,6 +203,36 @@ def test_sparse_embedding_gradients_give_the_same_bits_on_either_form(optimizer)
     assert_same_bits(make)
 
 
+@pytest.mark.parametrize("approximate", [False, True])
+def test_a_transformer_block_trains_to_the_same_bits_on_either_form(approximate):
+    """layer_norm, gelu (its numpy twin: kernels/gelu_numpy.py) and matmuls, 2 replicas."""
+    def make():
+        rng = np.random.default_rng(4)
+        strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+        with strategy.scope():
+            gamma = gd.Variable(np.ones(64, np.float32))
+            beta = gd.Variable(np.zeros(64, np.float32))
+            w1 = gd.Variable((rng.standard_normal((64, 256)) / 8).astype(np.float32))
+            w2 = gd.Variable((rng.standard_normal((256, 64)) / 16).astype(np.float32))
+            opt = gd.optimizers.Adam(1e-2)
+        x = (rng.standard_normal((2, 64, 64)) * 2 + 1).astype(np.float32)
+        variables = [gamma, beta, w1, w2]
+
+        @gd.function
+        def step(x):
+            def replica_fn(x):
+                with gd.GradientTape() as tape:
+                    h = gd.nn.layer_norm(x, gamma, beta)
+                    h = gd.nn.gelu(h @ w1, approximate=approximate) @ w2
+                    loss = gd.reduce_mean(gd.square(x + h))
+                opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+                return loss
+            return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=(x,)))
+
+        return step, variables, (x,)
+    assert_same_bits(make)
+
+
 def test_the_models_above_cover_every_exact_fallback():
     """Runs last in this file: an op added to EXACT_FALLBACK needs a model here."""
     if len(COVERED) < 3:

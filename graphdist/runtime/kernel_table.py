@@ -9,7 +9,8 @@ works on any backend. Where a faster kernel exists for a backend, it is listed h
 - OUT_KERNELS[(kind, op)]: `kernel(out, *inputs, **params)` writing into `out` (or a tuple
   of outputs), in place of the op's generic `out_impl`;
 - NUMPY_KERNELS[(kind, op)]: in-place numpy forms of the update kernels, called like them,
-  giving their bits; they run where the kernel does not (a first call, fused=False).
+  giving their bits; they run where the kernel does not (a first call, fused=False);
+- NUMPY_OUT_KERNELS[(kind, op)]: numpy twins of out kernels, likewise, for a first call.
 
 Kernels come from graphdist.kernels (Numba, CPU and CUDA) and are imported only when a
 program that uses them is lowered, so `import graphdist` compiles nothing.
@@ -278,6 +279,23 @@ def gelu_cpu(out, x, *, approximate):
         OPS["gelu"].out_impl(np, out, x, approximate=approximate)
 
 
+def gelu_numpy(out, x, *, approximate):
+    """gelu_cpu's numpy twin (kernels/gelu_numpy.py): its bits, without Numba to load."""
+    from graphdist.kernels.gelu_numpy import gelu_cpu
+    from graphdist.ops import OPS
+
+    if approximate or not gelu_cpu(x, out):
+        OPS["gelu"].out_impl(np, out, x, approximate=approximate)
+
+
+def gelu_grad_numpy(out, ct, x, *, approximate):
+    from graphdist.kernels.gelu_numpy import gelu_grad_cpu
+    from graphdist.ops import OPS
+
+    if approximate or not gelu_grad_cpu(ct, x, out):
+        OPS["gelu_grad"].out_impl(np, out, ct, x, approximate=approximate)
+
+
 def gelu_grad_cpu(out, ct, x, *, approximate):
     from graphdist.kernels.gelu import gelu_grad_cpu
     from graphdist.ops import OPS
@@ -340,11 +358,12 @@ def out_kernel(backend, op, types=(), fused=True, deferred=False):
     """The OUT_KERNELS entry for `op` on `backend`'s device kind and these operand types, if
     any. fused=False (gd.config.set_fused_kernels(False)) passes over the kernels of all but
     collectives (whose CPU lowering the kernel is): every op then runs its numpy form.
-    deferred=True passes over those with an exact numpy form, collectives included."""
+    deferred=True passes over those with an exact numpy form, collectives included, to
+    their NUMPY_OUT_KERNELS twin if one is listed (else None: the op's generic out_impl)."""
     if not (fused or op.collective) or not _compiled_dtypes(types):
         return None
     if deferred and op.name in EXACT_FALLBACK:
-        return None
+        return NUMPY_OUT_KERNELS.get((backend.kind, op.name))
     return OUT_KERNELS.get((backend.kind, op.name))
 
 
@@ -404,13 +423,23 @@ OUT_KERNELS = {
     ("cpu", "sum_duplicates"): sum_duplicates_cpu,
 }
 
-# The ops whose generic numpy form computes the same float operations in the same order as
-# their CPU kernel, so either gives the same bits (tests/test_warmup.py checks each on whole
-# training steps). Not here: gelu (its float32 kernel is a rational erf, not numpy's) and
-# layer_norm (the kernel sums in its own order): those kernels load before a first call.
+# numpy twins of out kernels whose op's generic out_impl is an independent reference (gelu's:
+# Cody's float64 erfc) rather than the kernel's math: called like the kernels, giving their
+# bits, where those kernels do not run yet (deferred). Only numpy: nothing to load.
+NUMPY_OUT_KERNELS = {
+    ("cpu", "gelu"): gelu_numpy,
+    ("cpu", "gelu_grad"): gelu_grad_numpy,
+}
+
+# The ops whose numpy form (their NUMPY_KERNELS / NUMPY_OUT_KERNELS twin, else their generic
+# impl) computes the same float operations in the same order as their CPU kernel, so either
+# gives the same bits (tests/test_warmup.py checks each on whole training steps). Not here:
+# layer_norm (the kernel sums with fastmath reassoc, in LLVM's order): it loads before a
+# first call.
 EXACT_FALLBACK = frozenset({
     "sgd_update", "sparse_sgd_update", "sgd_momentum_update", "adam_update",
     "sgd_multi_update", "sgd_momentum_multi_update", "adam_multi_update",
     "host_reduce_update", "host_all_reduce", "where", "relu_grad", "max_pool2d",
     "max_pool2d_grad", "conv2d_backprop_input", "scatter_rows", "sum_duplicates",
+    "gelu", "gelu_grad",
 })

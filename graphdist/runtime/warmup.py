@@ -11,8 +11,8 @@ their functional impls: a step on them takes ~1.4x the kernels' time rather than
 
 Results do not depend on which form ran: the forms are bit-identical (tested per op and on
 whole training steps), so a run with a cold cache gives the bits of a run with a warm
-one. Only the speed of the first steps differs. Kernels without an exact numpy form (the
-vectorized gelu, layer_norm) still load before the first call.
+one. Only the speed of the first steps differs. Kernels without an exact numpy form
+(layer_norm's: it sums in LLVM's reassociated order) still load before the first call.
 
 `gd.config.set_background_compile(False)` (or GRAPHDIST_BACKGROUND_COMPILE=0) waits for
 every kernel first, as before; profiles always do (they time what runs from then on).
