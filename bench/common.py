@@ -48,6 +48,16 @@ def _label(fns) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def settle() -> None:
+    """Wait for the Numba kernels a graphdist step's first calls left loading in the
+    background (runtime/warmup.py): the samples then time the kernels, as a long run would
+    see them, not the numpy forms the first calls ran."""
+    if "graphdist" in sys.modules:
+        from graphdist.runtime import warmup
+
+        warmup.wait()
+
+
 def timeit(fn, repeat: int = 30, warmup: int = 3, number: int = 1, label: str = "") -> dict:
     """Median / min / p90 seconds per call of fn() over `repeat` samples."""
     name = getattr(fn, "__name__", "<lambda>")
@@ -55,6 +65,7 @@ def timeit(fn, repeat: int = 30, warmup: int = 3, number: int = 1, label: str = 
     for k in range(warmup):
         fn()
         tick(k + 1)
+    settle()
     samples = []
     for k in range(repeat):
         t0 = time.perf_counter()
@@ -77,6 +88,7 @@ def interleaved(fns: dict, repeat: int = 30, warmup: int = 3, label: str = "") -
             fn()
             done += 1
             tick(done)
+    settle()
     samples = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():

@@ -34,6 +34,7 @@ import numpy as np
 
 from graphdist import flags
 from graphdist.ir import Var
+from graphdist.runtime import warmup
 
 # ---------------------------------------------------------------- the link model
 
@@ -208,8 +209,11 @@ def _op_time(fn, repeat: int) -> float:
 
 def best_time(fn, repeat: int, min_seconds: float = 0.0) -> float:
     """The least of at least `repeat` timed calls (more until `min_seconds` have passed, at
-    most 50x) after one untimed: the cost with nothing else running on a shared machine."""
+    most 50x) after one untimed: the cost with nothing else running on a shared machine.
+    The untimed call may start kernels loading in the background: they are waited for, so
+    the times are the kernels', not their numpy forms'."""
     fn()
+    warmup.wait()
     best, start, k = math.inf, time.perf_counter(), 0
     while k < repeat or (time.perf_counter() - start < min_seconds and k < 50 * repeat):
         t0 = time.perf_counter()
