@@ -60,9 +60,12 @@ def _demo(args) -> int:
 def _devices(args) -> int:
     from graphdist.device.names import devices, physical_gpu_of
 
+    from graphdist.device import threads
+
     for d in devices():
         print(d if d.startswith("cpu") else f"{d}  (physical GPU {physical_gpu_of(d)})")
     print("(any cpu:N is a valid logical CPU device)")
+    print(f"host: {threads.cores()} core(s) for this process; BLAS: {threads.blas_kernels()}")
     return 0
 
 

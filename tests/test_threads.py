@@ -42,3 +42,16 @@ def test_workers_give_way_only_when_more_of_them_than_cores_share_the_host(monke
     assert threads.oversubscribed()              # 4 on 2: yield while waiting
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
     assert not threads.oversubscribed()          # pinned apart by mpiexec: a core each
+
+
+def test_devices_names_the_blas_kernels_and_says_when_avx2_is_pinned_on_avx512(monkeypatch):
+    monkeypatch.setattr(threads, "_cpu_flags", lambda: set(threads._AVX512))
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setitem(threads.ENV_SET, "OPENBLAS_CORETYPE", None)
+    text = threads.blas_kernels()
+    assert "Haswell (set in the environment)" in text and "unset OPENBLAS_CORETYPE" in text
+    monkeypatch.setattr(threads, "_cpu_flags", lambda: {"avx2"})     # no AVX-512: no hint
+    assert "unset" not in threads.blas_kernels()
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "SkylakeX")
+    monkeypatch.setitem(threads.ENV_SET, "OPENBLAS_CORETYPE", "SkylakeX")
+    assert threads.blas_kernels() == "OPENBLAS_CORETYPE=SkylakeX (set by graphdist)"

@@ -29,6 +29,31 @@ if "OPENBLAS_THREAD_TIMEOUT" not in os.environ and "numpy" not in sys.modules:
 _AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 
 
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+def blas_kernels() -> str:
+    """What `graphdist devices` says of the GEMMs every matmul and convolution runs on:
+    OpenBLAS's kernel family and who chose it, with a hint when the environment pins AVX2
+    kernels on a CPU that has AVX-512 (GEMMs 1.6-1.9x slower, docs/benchmarks.md)."""
+    chosen = os.environ.get("OPENBLAS_CORETYPE")
+    by = ("set by graphdist" if ENV_SET.get("OPENBLAS_CORETYPE") == chosen
+          else "set in the environment")
+    text = (f"OPENBLAS_CORETYPE={chosen} ({by})" if chosen
+            else "OpenBLAS picks its kernels from the CPU model")
+    if chosen and chosen.lower() in ("haswell", "zen", "sandybridge") \
+            and _AVX512 <= _cpu_flags():
+        text += ("; this CPU has AVX-512: unset OPENBLAS_CORETYPE before starting Python and "
+                 "graphdist picks SkylakeX (sgemm 1.8x faster on the AMD EPYC "
+                 "of docs/benchmarks.md)")
+    return text
+
+
 def _prefer_avx512_blas() -> None:
     """OpenBLAS picks its kernels from the CPU model; on CPUs it does not recognize (AMD
     EPYC VMs here) it falls back to Haswell (AVX2) kernels although AVX-512 is there:
@@ -36,12 +61,7 @@ def _prefer_avx512_blas() -> None:
     effective when numpy has not been imported yet; an explicit setting wins."""
     if "numpy" in sys.modules or "OPENBLAS_CORETYPE" in os.environ:
         return
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return
-    if _AVX512 <= set(flags.split()):
+    if _AVX512 <= _cpu_flags():
         os.environ["OPENBLAS_CORETYPE"] = ENV_SET["OPENBLAS_CORETYPE"] = "SkylakeX"
 
 
