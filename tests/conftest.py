@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import graphdist as gd
@@ -9,7 +11,8 @@ import graphdist as gd
 # Tests run each program on its kernels from the first call (the numpy forms a first call
 # may run while kernels load are compared with them in test_warmup.py): a test of a few
 # steps would otherwise never reach the kernels it means to test.
-gd.config.set_background_compile(False)
+# (GRAPHDIST_TEST_BACKGROUND_COMPILE=1 runs the suite with it on, as users get it.)
+gd.config.set_background_compile(os.environ.get("GRAPHDIST_TEST_BACKGROUND_COMPILE") == "1")
 
 
 @pytest.fixture(autouse=True)
