@@ -131,6 +131,44 @@ def _gelu_grad_examples(rng):
                      lambda ct, x, a=a: ct * gelu_derivative(x, a)) for a in (False, True)]
 
 
+def softmax_formula(x, mask):
+    """softmax over the last axis by the definition, per row, in float64: 0 where masked
+    and in a row with nothing kept."""
+    x = np.asarray(x, np.float64)
+    keep = np.broadcast_to(mask, x.shape).reshape(-1, x.shape[-1])
+    out = np.zeros(keep.shape)
+    for r, (row, k) in enumerate(zip(x.reshape(keep.shape), keep)):
+        if k.any():
+            e = np.exp(row[k] - row[k].max())
+            out[r, k] = e / e.sum()
+    return out.reshape(x.shape)
+
+
+def _softmax_examples(rng):
+    causal = np.tril(np.ones((4, 6), bool))
+    causal[1] = False                                   # a row with nothing kept
+    rows = rng.uniform(size=(3, 7)) > 0.4
+    cases = [((3, 5), None), ((2, 3, 4, 6), causal), ((3, 7), rows), ((3, 7), rows[:, :1]),
+             ((64, 103), None)]
+    out = []
+    for shape, mask in cases:
+        x = rng.standard_normal(shape) * 3
+        if mask is None:
+            out.append(_example((x,), {}, lambda x: gd.nn.softmax(x),
+                                lambda x: softmax_formula(x, True)))
+        else:
+            out.append(_example((x, mask), {}, lambda x, m: gd.nn.softmax(x, mask=m),
+                                softmax_formula))
+    return out
+
+
+def _softmax_grad_examples(rng):
+    y = softmax_formula(rng.standard_normal((5, 6)), True)
+    return [_example((rng.standard_normal((5, 6)), y), {},
+                     lambda g, y: bind(OPS["softmax_grad"], g, y),
+                     lambda g, y: y * g - y * (g * y).sum(-1, keepdims=True))]
+
+
 _NORMS = [((4, 6), 1, True, True), ((2, 3, 4), 2, True, True), ((3, 5), 1, True, False),
           ((3, 5), 1, False, True), ((3, 5), 1, False, False), ((64, 40), 1, True, True)]
 
@@ -179,6 +217,8 @@ SWEEP = {
     "gelu_grad": _gelu_grad_examples,
     "layer_norm": _layer_norm_examples,
     "layer_norm_grad": _layer_norm_grad_examples,
+    "softmax": _softmax_examples,
+    "softmax_grad": _softmax_grad_examples,
 }
 
 EXAMPLES = [pytest.param(name, i, id=f"{name}-{i}") for name, make in SWEEP.items()
@@ -624,3 +664,60 @@ def test_a_trace_error_names_the_op_the_shapes_and_the_line():
     msg = str(info.value)
     assert "einsum: label 'd'" in msg and "f32[2,3,4]" in msg and "f32[2,5,6]" in msg
     assert "test_attention_ops.py" in msg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_kernels_match_the_formula_and_any_thread_count(dtype):
+    import numba
+    from graphdist.kernels.softmax import softmax_cpu, softmax_grad_cpu
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3, 2, 5, 6)) * 4).astype(dtype)
+    g = rng.standard_normal(x.shape).astype(dtype)
+    causal = np.tril(np.ones((5, 6), bool))
+    causal[2] = False                                        # nothing kept: zeros
+    tol = {"rtol": 1e-5, "atol": 1e-7} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-15}
+    for mask in (None, causal, causal[:, :1], rng.uniform(size=x.shape) > 0.3):
+        y = np.full_like(x, np.nan)
+        assert softmax_cpu(x, mask, y)
+        np.testing.assert_allclose(y, softmax_formula(x, True if mask is None else mask), **tol)
+        dx = np.full_like(x, np.nan)
+        assert softmax_grad_cpu(g, y, dx)
+        y64 = y.astype(F64)
+        np.testing.assert_allclose(dx, y64 * (g - (g * y64).sum(-1, keepdims=True)), **tol)
+        before = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            one, done = np.empty_like(x), np.empty_like(x)
+            softmax_cpu(x, mask, one)
+            softmax_grad_cpu(g, y, done)
+        finally:
+            numba.set_num_threads(before)
+        np.testing.assert_array_equal(one, y)
+        np.testing.assert_array_equal(done, dx)
+    assert not softmax_cpu(x[..., ::2], None, np.empty((3, 2, 5, 3), dtype))
+    assert not softmax_grad_cpu(g, y.astype(np.float16), dx)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 64, 103])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "random"])
+def test_softmax_numpy_twins_give_the_kernels_bits(dtype, n, mask_kind):
+    """A first call runs these twins while the kernels compile (runtime/warmup.py): they
+    must give the same bits, tails (n % 4), a NaN logit and fully masked rows included."""
+    from graphdist.kernels import softmax as kernel
+    from graphdist.kernels import softmax_numpy as twin
+
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((6, n, n)) * 5).astype(dtype)
+    x[1, 0, 0] = np.nan
+    mask = {"none": None, "causal": np.tril(np.ones((n, n), bool)),
+            "random": rng.random((6, n, n)) > 0.5}[mask_kind]
+    if mask is not None and mask.ndim == 3:
+        mask[2, 0] = False                                  # a row with no kept entry
+    got, want = np.empty_like(x), np.empty_like(x)
+    assert kernel.softmax_cpu(x, mask, want) and twin.softmax_cpu(x, mask, got)
+    np.testing.assert_array_equal(got, want)
+    y, g = np.nan_to_num(want), rng.standard_normal(x.shape).astype(dtype)
+    assert kernel.softmax_grad_cpu(g, y, want) and twin.softmax_grad_cpu(g, y, got)
+    np.testing.assert_array_equal(got, want)

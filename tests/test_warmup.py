@@ -205,7 +205,8 @@ def test_sparse_embedding_gradients_give_the_same_bits_on_either_form(optimizer)
 
 @pytest.mark.parametrize("approximate", [False, True])
 def test_a_transformer_block_trains_to_the_same_bits_on_either_form(approximate):
-    """layer_norm, gelu (its numpy twin: kernels/gelu_numpy.py) and matmuls, 2 replicas."""
+    """layer_norm, gelu and causal softmax (their numpy twins: kernels/gelu_numpy.py,
+    softmax_numpy.py) and matmuls, 2 replicas."""
     def make():
         rng = np.random.default_rng(4)
         strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
@@ -223,6 +224,8 @@ def test_a_transformer_block_trains_to_the_same_bits_on_either_form(approximate)
             def replica_fn(x):
                 with gd.GradientTape() as tape:
                     h = gd.nn.layer_norm(x, gamma, beta)
+                    scores = h @ gd.transpose(h, (0, 2, 1)) * 0.125
+                    h = gd.nn.softmax(scores, mask=gd.nn.causal_mask(64)) @ h
                     h = gd.nn.gelu(h @ w1, approximate=approximate) @ w2
                     loss = gd.reduce_mean(gd.square(x + h))
                 opt.apply_gradients(zip(tape.gradient(loss, variables), variables))

@@ -10,7 +10,7 @@ import numpy as np
 from graphdist.errors import ShapeError
 from graphdist.ir.types import LOW_PRECISION
 from graphdist.ops.array import cast, one_hot_p, stop_gradient
-from graphdist.ops.attention import masked_softmax
+from graphdist.ops.attention import last_axis, masked_softmax, softmax_p
 from graphdist.ops.core import bind
 from graphdist.ops.math import (divide, exp, log, multiply, negative, reduce_max, reduce_sum,
                                 subtract)
@@ -50,6 +50,8 @@ def softmax(logits, axis=-1, mask=None):
         return cast(softmax(cast(logits, "float32"), axis, mask), low)
     if mask is not None:
         return masked_softmax(logits, axis, mask)
+    if last_axis(axis, len(logits.shape)):
+        return bind(softmax_p, logits)
     e = exp(subtract(logits, stop_gradient(reduce_max(logits, axis=axis, keepdims=True))))
     return divide(e, reduce_sum(e, axis=axis, keepdims=True))
 

@@ -332,6 +332,40 @@ def layer_norm_grad_cpu(outs, ct, x, *gamma, naxes, epsilon, scale, center):
             out[...] = value
 
 
+def softmax_cpu(out, x, *mask):
+    """One parallel pass over the rows (numpy's reference: five to eight array passes)."""
+    from graphdist.kernels.softmax import softmax_cpu
+    from graphdist.ops import OPS
+
+    if not softmax_cpu(x, mask[0] if mask else None, out):
+        out[...] = OPS["softmax"].impl(np, x, *mask)
+
+
+def softmax_numpy(out, x, *mask):
+    """softmax_cpu's numpy twin (kernels/softmax_numpy.py): its bits, nothing to load."""
+    from graphdist.kernels.softmax_numpy import softmax_cpu
+    from graphdist.ops import OPS
+
+    if not softmax_cpu(x, mask[0] if mask else None, out):
+        out[...] = OPS["softmax"].impl(np, x, *mask)
+
+
+def softmax_grad_numpy(out, g, y):
+    from graphdist.kernels.softmax_numpy import softmax_grad_cpu
+    from graphdist.ops import OPS
+
+    if not softmax_grad_cpu(g, y, out):
+        out[...] = OPS["softmax_grad"].impl(np, g, y)
+
+
+def softmax_grad_cpu(out, g, y):
+    from graphdist.kernels.softmax import softmax_grad_cpu
+    from graphdist.ops import OPS
+
+    if not softmax_grad_cpu(g, y, out):
+        out[...] = OPS["softmax_grad"].impl(np, g, y)
+
+
 # ---------------------------------------------------------------- the tables
 
 
@@ -419,16 +453,20 @@ OUT_KERNELS = {
     ("cpu", "gelu_grad"): gelu_grad_cpu,
     ("cpu", "layer_norm"): layer_norm_cpu,
     ("cpu", "layer_norm_grad"): layer_norm_grad_cpu,
+    ("cpu", "softmax"): softmax_cpu,
+    ("cpu", "softmax_grad"): softmax_grad_cpu,
     ("cpu", "scatter_rows"): scatter_rows_cpu,
     ("cpu", "sum_duplicates"): sum_duplicates_cpu,
 }
 
 # numpy twins of out kernels whose op's generic out_impl is an independent reference (gelu's:
-# Cody's float64 erfc) rather than the kernel's math: called like the kernels, giving their
+# Cody's float64 erfc; softmax's: numpy's pairwise sums) rather than the kernel's math: called like the kernels, giving their
 # bits, where those kernels do not run yet (deferred). Only numpy: nothing to load.
 NUMPY_OUT_KERNELS = {
     ("cpu", "gelu"): gelu_numpy,
     ("cpu", "gelu_grad"): gelu_grad_numpy,
+    ("cpu", "softmax"): softmax_numpy,
+    ("cpu", "softmax_grad"): softmax_grad_numpy,
 }
 
 # The ops whose numpy form (their NUMPY_KERNELS / NUMPY_OUT_KERNELS twin, else their generic
@@ -441,5 +479,5 @@ EXACT_FALLBACK = frozenset({
     "sgd_multi_update", "sgd_momentum_multi_update", "adam_multi_update",
     "host_reduce_update", "host_all_reduce", "where", "relu_grad", "max_pool2d",
     "max_pool2d_grad", "conv2d_backprop_input", "scatter_rows", "sum_duplicates",
-    "gelu", "gelu_grad",
+    "gelu", "gelu_grad", "softmax", "softmax_grad",
 })
