@@ -190,7 +190,9 @@ def _forget_in_child() -> None:
 
 
 # a short script's warm-up finishes before the interpreter does, so the kernels land in
-# Numba's on-disk cache and its next run starts warm
-atexit.register(wait)
+# Numba's on-disk cache and its next run starts warm (bounded: a compile that never ends
+# must not keep the process from exiting)
+EXIT_WAIT_S = 300.0
+atexit.register(wait, EXIT_WAIT_S)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
