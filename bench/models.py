@@ -167,8 +167,8 @@ def own_process(make, batch, devices: int, optimizer: str = "adam") -> dict:
     """What a graphdist peer script (bench/peers/graphdist_*.py) reports from its fresh
     process: `make(strategy) -> (step, variables)` on `devices` logical CPU devices, timed as
     the peers time themselves (its first call included), with its first three losses."""
+    from bench.common import settle
     from bench.peers.common import time_steps
-    from graphdist.runtime import warmup
 
     strategy = (gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)]) if devices > 1
                 else gd.OneDeviceStrategy("cpu:0"))
@@ -177,7 +177,7 @@ def own_process(make, batch, devices: int, optimizer: str = "adam") -> dict:
         batch = next(iter(strategy.experimental_distribute_dataset([batch])))
     losses = []
     r = time_steps(lambda: step(batch), sync=lambda loss: losses.append(float(loss)),
-                   settle=warmup.wait)
+                   settle=settle)
     where = "1 device" if devices == 1 else f"Mirrored x{devices}"
     cold = ", cold Numba cache" if os.environ.get(COLD) else ""
     return {"peer": f"graphdist {where} (own process{cold})", "devices": devices,

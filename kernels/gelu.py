@@ -123,7 +123,7 @@ def _gelu_grad32(ct, x, out):  # float32 (n,); out may be ct or x
 _runs = runs
 
 
-def gelu_cpu(x, out, approximate) -> bool:
+def gelu_cpu(x, out, approximate=False) -> bool:
     """out = gelu_ref(x) for same-shape float32/float64 C-contiguous arrays (out may be x);
     returns False (doing nothing) otherwise."""
     if not _runs(x, out):
@@ -137,7 +137,7 @@ def gelu_cpu(x, out, approximate) -> bool:
     return True
 
 
-def gelu_grad_cpu(ct, x, out, approximate) -> bool:
+def gelu_grad_cpu(ct, x, out, approximate=False) -> bool:
     """out = gelu_grad_ref(ct, x), as gelu_cpu (out may be ct or x)."""
     if not _runs(ct, x, out):
         return False

@@ -50,8 +50,6 @@ class Group:
         host = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
         self.on_this_host = host.Get_size()
         host.Free()
-        from graphdist.device import threads
-
         threads.set_processes_per_host(self.on_this_host)
 
     def __repr__(self) -> str:

@@ -81,14 +81,19 @@ def set_processes_per_host(count: int) -> None:
     _processes_per_host[0] = max(1, int(count))
 
 
+def _affinity() -> tuple[int, int]:
+    """(the cores this process may run on, the host's cores)."""
+    try:
+        mine = len(os.sched_getaffinity(0))
+        return mine, os.cpu_count() or mine
+    except AttributeError:
+        return (os.cpu_count() or 1,) * 2
+
+
 def cores() -> int:
     """The cores this process may use: those it may run on, divided among the worker
     processes of this host when they are not pinned apart."""
-    try:
-        mine = len(os.sched_getaffinity(0))
-        total = os.cpu_count() or mine
-    except AttributeError:
-        mine = total = os.cpu_count() or 1
+    mine, total = _affinity()
     if mine < total:          # pinned (mpiexec -bind-to core): these are ours alone
         return mine
     return max(1, mine // _processes_per_host[0])
@@ -97,11 +102,7 @@ def cores() -> int:
 def oversubscribed() -> bool:
     """More worker processes share this process's cores than there are cores (not pinned
     apart): a process waiting on the others should give its core to them as it polls."""
-    try:
-        mine = len(os.sched_getaffinity(0))
-        total = os.cpu_count() or mine
-    except AttributeError:
-        mine = total = os.cpu_count() or 1
+    mine, total = _affinity()
     return mine == total and _processes_per_host[0] > mine
 
 

@@ -19,6 +19,7 @@ program that uses them is lowered, so `import graphdist` compiles nothing.
 from __future__ import annotations
 
 import functools
+import importlib
 
 import numpy as np
 
@@ -268,40 +269,33 @@ def sum_duplicates_cpu(outs, indices, rows, *, divisor=1):
 # ---------------------------------------------------------------- transformer blocks (CPU)
 
 
-def gelu_cpu(out, x, *, approximate):
-    """The exact gelu in one parallel pass: float32 with a vectorized rational erf (0.2 ms
-    for 32x64x512 on 2 cores), float64 with the C library's erfc (5 ms); numpy's reference,
-    erfc from array passes: 62 ms. The tanh form stays with numpy (6 ms vs 8 ms)."""
-    from graphdist.kernels.gelu import gelu_cpu
+def _gelu_forms(module: str) -> tuple:
+    """gelu and gelu_grad through `module`'s exact forms: kernels/gelu.py's Numba kernels
+    (float32 with a vectorized rational erf, 0.2 ms for 32x64x512 on 2 cores; float64 with
+    the C library's erfc, 5 ms; numpy's reference, erfc from array passes: 62 ms) or
+    kernels/gelu_numpy.py's twins, which give their bits with nothing to load. The tanh
+    form, and operands they refuse, run the op's numpy impl (6 ms against 8 ms)."""
+    def gelu(out, x, *, approximate):
+        forms = importlib.import_module(f"graphdist.kernels.{module}")
+        if approximate or not forms.gelu_cpu(x, out):
+            _op("gelu").out_impl(np, out, x, approximate=approximate)
+
+    def gelu_grad(out, ct, x, *, approximate):
+        forms = importlib.import_module(f"graphdist.kernels.{module}")
+        if approximate or not forms.gelu_grad_cpu(ct, x, out):
+            _op("gelu_grad").out_impl(np, out, ct, x, approximate=approximate)
+
+    return gelu, gelu_grad
+
+
+def _op(name: str):
     from graphdist.ops import OPS
 
-    if approximate or not gelu_cpu(x, out, False):
-        OPS["gelu"].out_impl(np, out, x, approximate=approximate)
+    return OPS[name]
 
 
-def gelu_numpy(out, x, *, approximate):
-    """gelu_cpu's numpy twin (kernels/gelu_numpy.py): its bits, without Numba to load."""
-    from graphdist.kernels.gelu_numpy import gelu_cpu
-    from graphdist.ops import OPS
-
-    if approximate or not gelu_cpu(x, out):
-        OPS["gelu"].out_impl(np, out, x, approximate=approximate)
-
-
-def gelu_grad_numpy(out, ct, x, *, approximate):
-    from graphdist.kernels.gelu_numpy import gelu_grad_cpu
-    from graphdist.ops import OPS
-
-    if approximate or not gelu_grad_cpu(ct, x, out):
-        OPS["gelu_grad"].out_impl(np, out, ct, x, approximate=approximate)
-
-
-def gelu_grad_cpu(out, ct, x, *, approximate):
-    from graphdist.kernels.gelu import gelu_grad_cpu
-    from graphdist.ops import OPS
-
-    if approximate or not gelu_grad_cpu(ct, x, out, False):
-        OPS["gelu_grad"].out_impl(np, out, ct, x, approximate=approximate)
+gelu_cpu, gelu_grad_cpu = _gelu_forms("gelu")
+gelu_numpy, gelu_grad_numpy = _gelu_forms("gelu_numpy")
 
 
 def layer_norm_cpu(out, x, *affine, naxes, epsilon, scale, center):
@@ -332,38 +326,25 @@ def layer_norm_grad_cpu(outs, ct, x, *gamma, naxes, epsilon, scale, center):
             out[...] = value
 
 
-def softmax_cpu(out, x, *mask):
-    """One parallel pass over the rows (numpy's reference: five to eight array passes)."""
-    from graphdist.kernels.softmax import softmax_cpu
-    from graphdist.ops import OPS
+def _softmax_forms(module: str) -> tuple:
+    """softmax and softmax_grad through `module`: kernels/softmax.py's row-wise Numba
+    kernels (numpy's reference: five to eight array passes) or kernels/softmax_numpy.py's
+    twins with their bits; operands they refuse run the op's numpy impl."""
+    def softmax(out, x, *mask):
+        forms = importlib.import_module(f"graphdist.kernels.{module}")
+        if not forms.softmax_cpu(x, mask[0] if mask else None, out):
+            out[...] = _op("softmax").impl(np, x, *mask)
 
-    if not softmax_cpu(x, mask[0] if mask else None, out):
-        out[...] = OPS["softmax"].impl(np, x, *mask)
+    def softmax_grad(out, g, y):
+        forms = importlib.import_module(f"graphdist.kernels.{module}")
+        if not forms.softmax_grad_cpu(g, y, out):
+            out[...] = _op("softmax_grad").impl(np, g, y)
 
-
-def softmax_numpy(out, x, *mask):
-    """softmax_cpu's numpy twin (kernels/softmax_numpy.py): its bits, nothing to load."""
-    from graphdist.kernels.softmax_numpy import softmax_cpu
-    from graphdist.ops import OPS
-
-    if not softmax_cpu(x, mask[0] if mask else None, out):
-        out[...] = OPS["softmax"].impl(np, x, *mask)
-
-
-def softmax_grad_numpy(out, g, y):
-    from graphdist.kernels.softmax_numpy import softmax_grad_cpu
-    from graphdist.ops import OPS
-
-    if not softmax_grad_cpu(g, y, out):
-        out[...] = OPS["softmax_grad"].impl(np, g, y)
+    return softmax, softmax_grad
 
 
-def softmax_grad_cpu(out, g, y):
-    from graphdist.kernels.softmax import softmax_grad_cpu
-    from graphdist.ops import OPS
-
-    if not softmax_grad_cpu(g, y, out):
-        out[...] = OPS["softmax_grad"].impl(np, g, y)
+softmax_cpu, softmax_grad_cpu = _softmax_forms("softmax")
+softmax_numpy, softmax_grad_numpy = _softmax_forms("softmax_numpy")
 
 
 # ---------------------------------------------------------------- the tables
