@@ -9,18 +9,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: $(BIN)/python pyproject.toml
+$(VENV)/.installed-test: $(BIN)/python pyproject.toml setup.py
 	$(BIN)/python -m pip install -q -e ".[test,mpi]"
 	touch $@
 
 run: $(VENV)/.installed
 	$(BIN)/graphdist demo
 
+# the wheel as users install it (tools/wheel_check.sh), the layering, then the suite
 test: $(VENV)/.installed-test
+	sh tools/wheel_check.sh $(BIN)/python
 	$(BIN)/lint-imports --no-logo --no-cache
 	$(BIN)/python -m pytest -q
 
@@ -46,4 +48,4 @@ bench-plots: $(BENCH_VENV)/.installed
 	$(BENCH_BIN)/python -m bench.plots
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
