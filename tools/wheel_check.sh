@@ -10,7 +10,12 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-"$PY" -m pip wheel -q --no-deps --disable-pip-version-check -w "$WORK/dist" "$ROOT"
+# build from a copy of the files git would commit: a build/ folder left in the checkout
+# would put stale modules into the wheel, and the check must not leave one either
+mkdir "$WORK/src"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 tar cf - --ignore-failed-read 2>/dev/null) |
+  (cd "$WORK/src" && tar xf -)
+"$PY" -m pip wheel -q --no-deps --disable-pip-version-check -w "$WORK/dist" "$WORK/src"
 "$PY" -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install -q "$WORK"/dist/graphdist-*.whl
 
