@@ -1,6 +1,8 @@
 """graphdist: compiled graph capture for synchronous data-parallel training.
 
-This module re-exports the public API of API.md and nothing else.
+This module re-exports the public API and nothing else. Its reference, every name and what
+it does, is docs/api.md in graphdist's source (linked from the README); the guide,
+docs/guide.md, shows the pieces at work.
 """
 
 from graphdist.device import threads as _threads  # noqa: F401  (sets OpenMP waiting first)

@@ -1,5 +1,5 @@
 """Tests for graphdist.optimizers: SGD (momentum, Nesterov, coupled decay), Adam and AdamW
-against float64 numpy references written from the formulas of API.md, traced and eager."""
+against float64 numpy references written from the formulas of docs/api.md, traced and eager."""
 
 from __future__ import annotations
 

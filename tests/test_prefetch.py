@@ -1,4 +1,4 @@
-"""experimental_distribute_dataset(iterable, prefetch=k, per_replica_batch=...) (API.md
+"""experimental_distribute_dataset(iterable, prefetch=k, per_replica_batch=...) (docs/api.md
 "Multi-step loops and input prefetch"): the prefetch thread gives the same batches as no
 prefetch, reads at most k steps ahead, hands the input's errors to the step that needed
 them, and always ends; per_replica_batch groups replicas' batches as TF's contrib

@@ -1,4 +1,4 @@
-"""The strategy API of API.md "Strategies and contexts" and "Variables": devices, contexts,
+"""The strategy API of docs/api.md "Strategies and contexts" and "Variables": devices, contexts,
 run/reduce/merge_call, input distribution, and mirrored and sync-on-read variable rules,
 on MirroredStrategy over four logical CPU devices, OneDeviceStrategy and the default one."""
 

@@ -1,4 +1,4 @@
-"""How variables synchronize inside traced code (API.md "Variables"): which reads aggregate
+"""How variables synchronize inside traced code (docs/api.md "Variables"): which reads aggregate
 across replicas and what an assign does in replica and in cross-replica context. Everything
 here emits ordinary collectives into the SPMD graph; with one replica it emits none."""
 

@@ -1,4 +1,4 @@
-"""gd.nn: the neural-network functions and layers of API.md. The ops' rules live in
+"""gd.nn: the neural-network functions and layers of docs/api.md. The ops' rules live in
 graphdist/ops/ (nn.py, conv.py); compositions (moments, batch_normalization) and layers
 here; dropout with the random generator (graphdist/random.py); compute_average_loss, which
 reads the replica context, in graphdist/distribute/loss.py."""

@@ -520,7 +520,7 @@ def relu_grad(ct, y):
     return bind(relu_grad_p, ct, y)
 
 
-def abs(x):  # noqa: A001 - numpy's name, as API.md promises
+def abs(x):  # noqa: A001 - numpy's name, as docs/api.md promises
     return bind(abs_p, x)
 
 

@@ -104,7 +104,7 @@ def test_batch_all_reduce_dense(cross_device_ops, n, op, expect):
                                               "RingAllReduce", "HierarchicalCopy"])
 def test_all_reduce_matches_numpy_any_size(cross_device_ops, shape):
     # TF: cross_device_ops_test.py testAllReduceDense, over buffer sizes that do not divide by
-    # the replica count (API.md "Collectives": the same sums as numpy for any buffer size)
+    # the replica count (docs/api.md "Collectives": the same sums as numpy for any buffer size)
     n = 3
     strategy = _strategy(cross_device_ops, n)
     rng = np.random.default_rng(len(shape) + sum(shape))

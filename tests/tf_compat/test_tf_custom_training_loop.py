@@ -97,7 +97,7 @@ def test_custom_aggregation(strategy, gradient_reduction, expected):
 def test_custom_aggregation_already_reduced(strategy):
     # TF: custom_training_loop_optimizer_test.py OptimizerTest.test_custom_aggregation
     # (experimental_aggregate_gradients=False); here every replica passes the same, already
-    # reduced gradient, as API.md's all_reduce=False expects
+    # reduced gradient, as docs/api.md's all_reduce=False expects
     with strategy.scope():
         v = gd.Variable(np.zeros(2, np.float32))
         optimizer = gd.optimizers.SGD(0.1)
@@ -215,7 +215,7 @@ def test_global_step_update(strategy):
     (np.int64, "sum", "on_read"), (np.float64, "mean", "on_read"), (np.int64, "none", "on_read")])
 def test_python_numbers_take_the_variable_dtype_in_replica_assigns(strategy, dtype,
                                                                    aggregation, sync):
-    # API.md weak typing: v.assign_add(1) / v.assign(v + 1.0) keep the variable's dtype
+    # docs/api.md weak typing: v.assign_add(1) / v.assign(v + 1.0) keep the variable's dtype
     with strategy.scope():
         v = gd.Variable(dtype(0), name="v", aggregation=aggregation, synchronization=sync)
 

@@ -259,7 +259,7 @@ def test_simple_input_last_partial_batch(strategy):
 
 
 def test_uneven_global_batch_on_four_replicas():
-    # API.md "Data" (TF's input_lib splits a partial batch the same way): 10 rows on 4 -> 3,3,2,2
+    # docs/api.md "Data" (TF's input_lib splits a partial batch the same way): 10 rows on 4 -> 3,3,2,2
     strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
     batch = next(iter(strategy.experimental_distribute_dataset(
         _dataset(np.arange(10, dtype=np.float32), batch_size=10))))

@@ -280,7 +280,7 @@ def test_gather_different_shape_at_axis(strategy, axis):
 
 def test_gather_different_shape_at_axis0_in_function(strategy):
     # TF: strategy_gather_test.py GatherTest.testGatherDiffShapeAtAxis0 (pure_eager=False);
-    # the same happens to the outputs of uneven shards (10 rows on 4 replicas, API.md)
+    # the same happens to the outputs of uneven shards (10 rows on 4 replicas, docs/api.md)
     values = strategy.experimental_distribute_values_from_function(
         lambda ctx: np.ones((ctx.replica_id_in_sync_group + 1, 1), np.int32))
     run = gd.function(lambda x: strategy.gather(x, axis=0))

@@ -161,7 +161,7 @@ def test_on_write_assign_cross_replica(strategy, tf_function, method, value, agg
                                            ("assign_sub", -1.0)])
 def test_on_write_assign_replica(strategy, method, value, aggregation):
     # TF: vars_test.py OnWriteVariableSync.testAssign (cross_replica=False, run in a
-    # tf.function; SUM is skipped there, NONE raises here by API.md)
+    # tf.function; SUM is skipped there, NONE raises here by docs/api.md)
     with strategy.scope():
         v = gd.Variable(0.0, aggregation=aggregation)
     strategy.run(gd.function(lambda: getattr(v, method)(value)))
@@ -531,7 +531,7 @@ def test_save_normal_restore_replica_local(strategy, tmp_path, aggregation, rest
 
 def test_save_mirrored_restore_across_replica_counts(tmp_path):
     # TF: values_test.py MirroredVariableSaveRestoreTest.testSaveMirroredRestoreNormal /
-    # testSaveNormalRestoreMirrored, and API.md's checkpoints across replica counts
+    # testSaveNormalRestoreMirrored, and docs/api.md's checkpoints across replica counts
     four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
     with four.scope():
         m = gd.Variable(3.0)
