@@ -8,6 +8,8 @@ import re
 import threading
 import traceback
 
+import numpy as np
+
 from graphdist.ir import Graph, eqn_text
 
 _program_ids = itertools.count()
@@ -26,7 +28,11 @@ class Program:
         self.lock = threading.Lock()
 
     def __call__(self, *arrays):
-        with self.lock:
+        # numpy's floating-point warnings are off inside programs: the Numba kernels (and
+        # the CUDA ones) never warn, so the numpy forms of the same ops must not either, or
+        # a step would warn on its first calls and not later. An overflow that loss scaling
+        # skips is expected; a NaN that matters is found by checking values, not warnings.
+        with self.lock, np.errstate(all="ignore"):
             try:
                 return self.fn(*arrays)
             except Exception as e:
