@@ -259,7 +259,7 @@ def _simulate(args) -> int:
     """Predicted step time per device count of a builder's step (graphdist/simulate.py)."""
     import json
 
-    from graphdist.simulate import simulate
+    from graphdist.simulate import format_table, simulate
 
     try:
         counts = [int(n) for n in args.devices.split(",") if n.strip()]
@@ -273,10 +273,7 @@ def _simulate(args) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'devices':>8} {'step ms':>10} {'compute ms':>11} {'comm ms':>10} {'efficiency':>10}")
-    for r in rows:
-        print(f"{r['devices']:>8} {r['step_s'] * 1e3:>10.3f} {r['compute_s'] * 1e3:>11.3f} "
-              f"{r['comm_s'] * 1e3:>10.3f} {r['efficiency']:>10.3f}")
+    print(format_table(rows))
     return 0
 
 

@@ -523,6 +523,16 @@ class _Costs:
     num_groups: int | None
     add: Link                 # one elementwise pass on this host, per byte touched
     devices_per_worker: int = 1
+    link_from: str = "default"          # where `link` came from, for the table's header
+    lowering_from: str = "given"        # where `lowering` came from
+
+    def assumed(self) -> dict:
+        """The keys every row of simulate() gets: what its collectives were priced with."""
+        groups = (self.num_groups or "sqrt(n)") if self.lowering == "hierarchical" else None
+        return {"lowering": self.lowering, "lowering_from": self.lowering_from,
+                **({"num_groups": groups} if groups is not None else {}),
+                "link_latency_s": self.link.latency, "link_bandwidth_Bps": self.link.bandwidth,
+                "link_from": self.link_from}
 
 
 def _collective_seconds(eqn, n: int, c: _Costs) -> float:
@@ -621,11 +631,21 @@ def _strong_graphs(devices, args1, g1, f2, args2, g2) -> tuple[dict, int]:
 
 def _resolve(cross_device_ops, f2, link, cal: dict, shared_host: bool, num_groups,
              devices_per_worker: int) -> _Costs:
-    """The lowering, link and knobs a prediction prices its collectives with."""
-    lowering = cross_device_ops if isinstance(cross_device_ops, str) else (
-        getattr(cross_device_ops, "lowering", None) or _lowering_of(f2))
+    """The lowering, link and knobs a prediction prices its collectives with, and where
+    each came from (the table says so: a prediction is only as good as what it assumed)."""
+    lowering_from = "given"
+    if isinstance(cross_device_ops, str):
+        lowering = cross_device_ops
+    elif getattr(cross_device_ops, "lowering", None):
+        lowering = cross_device_ops.lowering
+        lowering_from = f"given: {type(cross_device_ops).__name__}"
+    else:
+        lowering = _lowering_of(f2)
+        lowering_from = f"the builder's step lowers to {lowering}"
     if lowering == "host" and not shared_host and cross_device_ops is None:
         lowering = "ring"        # the host's fused pass has no meaning across machines
+        lowering_from = ("the builder's step uses the host's fused all-reduce, which only "
+                         "joins devices of one process; priced as ring across machines")
     if lowering not in COSTS:
         raise ValueError(f"simulate: no cost model for cross-device ops {lowering!r} "
                          f"(have: {', '.join(sorted(COSTS))})")
@@ -633,17 +653,25 @@ def _resolve(cross_device_ops, f2, link, cal: dict, shared_host: bool, num_group
         raise ValueError("simulate: the mpi lowering runs one process per worker, not "
                          "logical devices of one process; drop shared_host (local replicas "
                          "per worker: devices_per_worker)")
+    link_from = "given" if link is not None else "default"
     if link is None and shared_host:      # each copy is a node: its overhead too
-        base = host_link(cal, "host" if lowering == "host" else "copy")
+        kind = "host" if lowering == "host" else "copy"
+        base = host_link(cal, kind)
         link = Link(base.latency + cal["node_overhead_s"], base.bandwidth)
+        link_from = (f"this host's {'fused all-reduce' if kind == 'host' else 'memory copy'}"
+                     ", calibrated, plus the executor's per-node overhead")
     if link is None and lowering == "mpi":
         link = host_link(cal, "mpi")      # between workers of this host, as calibrated
+        link_from = ("calibrated between 2 MPI processes of this host"
+                     if cal["links"]["mpi"].get("measured", True) else
+                     "assumed for processes of one host: MPI could not be measured here")
     if cross_device_ops is not None and not isinstance(cross_device_ops, str):
         num_groups = num_groups or cross_device_ops.options().get("num_groups")
     link = parse_link(link) if isinstance(link, str) else (link or DEFAULT_LINK)
     ew = cal["ops"]["elementwise"]        # the adds of a copy-based lowering on one host
     add = Link(cal["node_overhead_s"] + ew["a"], 1 / ew["per_unit"])
-    return _Costs(lowering, link, shared_host, num_groups, add, max(1, devices_per_worker))
+    return _Costs(lowering, link, shared_host, num_groups, add, max(1, devices_per_worker),
+                  link_from, lowering_from)
 
 
 def _row(n: int, g, model: dict, costs: _Costs) -> dict:
@@ -655,7 +683,43 @@ def _row(n: int, g, model: dict, costs: _Costs) -> dict:
     step = _step_time(items, costs.shared_host or costs.lowering in BLOCKING)
     return {"devices": n, "step_s": step,
             "compute_s": sum(t for _, t, c in items if not c),
-            "comm_s": sum(t for _, t, c in items if c)}
+            "comm_s": sum(t for _, t, c in items if c), **costs.assumed()}
+
+
+def _seconds_text(seconds: float) -> str:
+    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _rate_text(per_second: float) -> str:
+    for unit, size in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if per_second >= size:
+            return f"{per_second / size:.3g} {unit}"
+    return f"{per_second:.3g} B/s"
+
+
+def assumptions(row: dict) -> str:
+    """The line saying what a row of simulate() assumed: the link and the lowering, and
+    where each came from (default, given, calibrated, the builder's step)."""
+    lowering = row["lowering"]
+    if "num_groups" in row:
+        lowering += f", {row['num_groups']} groups"
+    return (f"link: latency {_seconds_text(row['link_latency_s'])}, bandwidth "
+            f"{_rate_text(row['link_bandwidth_Bps'])} ({row['link_from']}); "
+            f"lowering: {lowering} ({row['lowering_from']})")
+
+
+def format_table(rows: list[dict]) -> str:
+    """simulate()'s rows as the table `graphdist simulate` prints, under the line saying
+    which link and lowering priced the collectives."""
+    lines = [assumptions(rows[0]) if rows else "",
+             f"{'devices':>8} {'step ms':>10} {'compute ms':>11} {'comm ms':>10} "
+             f"{'efficiency':>10}"]
+    lines += [f"{r['devices']:>8} {r['step_s'] * 1e3:>10.3f} {r['compute_s'] * 1e3:>11.3f} "
+              f"{r['comm_s'] * 1e3:>10.3f} {r['efficiency']:>10.3f}" for r in rows]
+    return "\n".join(lines)
 
 
 def simulate(builder, devices, link=None, cross_device_ops=None, *, scaling: str = "weak",
@@ -664,7 +728,9 @@ def simulate(builder, devices, link=None, cross_device_ops=None, *, scaling: str
              devices_per_worker: int = 1, repeat: int = 5, min_seconds: float = 1.0,
              compute_s: float | None = None) -> list[dict]:
     """Predict the builder's step on each device count; one dict per count with keys
-    `devices`, `step_s`, `compute_s`, `comm_s`, `efficiency`.
+    `devices`, `step_s`, `compute_s`, `comm_s`, `efficiency`, and what it assumed:
+    `lowering` (with `num_groups` for hierarchical), `link_latency_s`, `link_bandwidth_Bps`,
+    and `lowering_from` / `link_from`, where each came from (`format_table` prints them).
 
     builder(n) -> (f, args) as for `graphdist bench`; it runs at n=1 (measured: the best
     of `repeat` steps, sampled for at least `min_seconds`, scales the calibrated per-op

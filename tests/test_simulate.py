@@ -20,6 +20,7 @@ from graphdist.simulate import (
     Link,
     _step_time,
     calibrate,
+    format_table,
     hierarchical_cost,
     host_cost,
     load_calibration,
@@ -202,7 +203,7 @@ def test_python_form(builder, cal_path):
     rows = gd.simulate(builder.build, [1, 2, 64, 1024], calibration=cal_path, repeat=2)
     assert [r["devices"] for r in rows] == [1, 2, 64, 1024]
     for r in rows:
-        assert set(r) == {"devices", "step_s", "compute_s", "comm_s", "efficiency"}
+        assert set(r) >= {"devices", "step_s", "compute_s", "comm_s", "efficiency"}
         assert 0 < r["efficiency"] <= 1 and r["step_s"] >= r["compute_s"] > 0
     assert rows[0]["comm_s"] == 0 and rows[0]["efficiency"] == 1
     comm = [r["comm_s"] for r in rows]
@@ -281,13 +282,14 @@ def test_cli_json(builder, cal_path, capsys):
                  "--calibration", str(cal_path), "--link", "latency=2us,bandwidth=10GB/s"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["devices"] for r in rows] == [1, 2, 8]
-    assert all(set(r) == {"devices", "step_s", "compute_s", "comm_s", "efficiency"}
+    assert all(set(r) >= {"devices", "step_s", "compute_s", "comm_s", "efficiency"}
                for r in rows)
     assert rows[2]["comm_s"] == pytest.approx(2 * ring_cost(8, 48, Link(2e-6, 10e9)), rel=0.05)
     assert main(["simulate", "simbuild:build", "--devices", "1,4",
                  "--calibration", str(cal_path)]) == 0
     out = capsys.readouterr().out
-    assert "efficiency" in out.splitlines()[0] and len(out.splitlines()) == 3
+    assert out.splitlines()[0].startswith("link: ")
+    assert "efficiency" in out.splitlines()[1] and len(out.splitlines()) == 4
 
 
 def test_cli_strong_scaling_json(builder, cal_path, capsys):
@@ -295,7 +297,7 @@ def test_cli_strong_scaling_json(builder, cal_path, capsys):
                  "--json", "--calibration", str(cal_path)]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["devices"] for r in rows] == [1, 2, 4]
-    assert all(set(r) == {"devices", "step_s", "compute_s", "comm_s", "efficiency"}
+    assert all(set(r) >= {"devices", "step_s", "compute_s", "comm_s", "efficiency"}
                for r in rows)
     assert rows[2]["compute_s"] < rows[0]["compute_s"] and rows[2]["efficiency"] <= 1
     assert main(["simulate", "simbuild:strong", "--devices", "5", "--scaling", "strong",
@@ -309,3 +311,62 @@ def test_cli_bad_link(builder, cal_path, capsys):
     err = capsys.readouterr().err
     assert "graphdist simulate: --link: latency='fast'" in err and "5us" in err
     assert math.isfinite(ring_cost(2, 1, LINK))
+
+
+# ---------------------------------------------------------------- what a prediction assumed
+
+
+ASSUMED = {"lowering", "lowering_from", "link_latency_s", "link_bandwidth_Bps", "link_from"}
+
+
+def test_rows_say_the_default_link_and_the_lowering_they_assumed(builder, cal_path, capsys):
+    rows = gd.simulate(builder.build, [1, 64], calibration=cal_path, measure=False)
+    for r in rows:
+        assert set(r) == {"devices", "step_s", "compute_s", "comm_s", "efficiency"} | ASSUMED
+        assert (r["link_latency_s"], r["link_bandwidth_Bps"]) == (5e-6, 25e9)
+        assert r["link_from"] == "default"
+        # logical CPU devices all-reduce with the host's fused pass: priced as a ring
+        assert r["lowering"] == "ring" and "host's fused all-reduce" in r["lowering_from"]
+    assert main(["simulate", "simbuild:build", "--devices", "1,64",
+                 "--calibration", str(cal_path)]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith("link: latency 5 us, bandwidth 25 GB/s (default); lowering: ring "
+                           "(the builder's step uses the host's fused all-reduce"), head
+    assert main(["simulate", "simbuild:build", "--devices", "1,64", "--json",
+                 "--calibration", str(cal_path)]) == 0
+    json_rows = json.loads(capsys.readouterr().out)
+    assert [r["link_from"] for r in json_rows] == ["default", "default"]
+    assert json_rows[1]["lowering"] == "ring"
+
+
+def test_table_says_a_given_link_and_lowering(builder, cal_path, capsys):
+    assert main(["simulate", "simbuild:build", "--devices", "1,16", "--calibration",
+                 str(cal_path), "--link", "latency=2us,bandwidth=10GB/s",
+                 "--cross-device-ops", "hierarchical"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == ("link: latency 2 us, bandwidth 10 GB/s (given); "
+                    "lowering: hierarchical, sqrt(n) groups (given)")
+    [row] = gd.simulate(builder.build, [16], "latency=1ms,bandwidth=800Mb/s",
+                        gd.HierarchicalCopyAllReduce(num_groups=4), calibration=cal_path,
+                        measure=False)
+    assert (row["link_latency_s"], row["link_bandwidth_Bps"]) == (1e-3, 1e8)
+    assert (row["lowering"], row["num_groups"]) == ("hierarchical", 4)
+    assert row["lowering_from"] == "given: HierarchicalCopyAllReduce"
+    assert format_table([row]).splitlines()[0] == (
+        "link: latency 1 ms, bandwidth 100 MB/s (given); "
+        "lowering: hierarchical, 4 groups (given: HierarchicalCopyAllReduce)")
+
+
+def test_rows_say_a_calibrated_link(builder, cal_path):
+    cal = json.loads(cal_path.read_text())
+    [shared] = gd.simulate(builder.build, [4], cross_device_ops="one_device",
+                           calibration=cal_path, shared_host=True, measure=False)
+    copy = cal["links"]["copy"]
+    assert shared["link_latency_s"] == pytest.approx(copy["latency"] + cal["node_overhead_s"])
+    assert shared["link_bandwidth_Bps"] == pytest.approx(copy["bandwidth"])
+    assert "this host's memory copy, calibrated" in shared["link_from"]
+    [mpi] = gd.simulate(builder.build, [4], cross_device_ops="mpi", calibration=cal_path,
+                        measure=False)
+    assert (mpi["lowering"], mpi["lowering_from"]) == ("mpi", "given")
+    assert mpi["link_bandwidth_Bps"] == pytest.approx(cal["links"]["mpi"]["bandwidth"])
+    assert "MPI could not be measured here" in mpi["link_from"]   # calibrate(mpi=False)
