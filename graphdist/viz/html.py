@@ -12,7 +12,8 @@ import re
 from importlib import resources
 
 from graphdist.viz.layout import layout
-from graphdist.viz.model import KINDS, human_bytes, human_count, read
+from graphdist.viz.model import (KINDS, collective_groups, collective_totals,
+                                  human_bytes, human_count, read)
 
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
@@ -69,11 +70,11 @@ def page_data(g, title: str | None = None) -> dict:
     data["lane_names"] = {str(n.id): [_first_on(n, d) for d in view.lanes] for n in nodes
                           if n.spanning}
     flops = sum(n.flops for n in nodes)
-    colls = [n for n in nodes if n.kind in ("collective", "copy")]
-    moved = sum(n.moved for n in nodes)
+    count, members, moved = collective_totals(collective_groups(view))   # as g.summary()
     data["stats"] = (f"{len(g.eqns):,} eqns · {len(view.lanes)} lane"
                      f"{'s' if len(view.lanes) > 1 else ''} · {human_count(flops)} FLOPs · "
-                     f"{len(colls)} collective/copy nodes · {human_bytes(moved)} moved")
+                     f"{count} collective{'s' if count != 1 else ''} ({members} nodes) · "
+                     f"{human_bytes(moved)} moved")
     data["banner"] = g.mode_note()
     return data
 
@@ -86,10 +87,24 @@ def _asset(name: str) -> str:
     return resources.files("graphdist.viz").joinpath(name).read_text(encoding="utf-8")
 
 
+# Inside <script> the HTML parser ends the data at "</script" and, after "<!--", at the
+# next "<script"/"</script" pair (the "script data escaped" states), whatever JSON thinks;
+# & and the JavaScript line separators are escaped too, as HTML-embedded JSON usually is.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def script_json(data) -> str:
+    """`data` as JSON that can sit inside a <script> element: no name in it (a variable or
+    name scope called "</script>" or "<!--<script") can end the element early. These
+    characters only occur inside JSON strings, where the \\uXXXX forms mean the same."""
+    return json.dumps(data, separators=(",", ":")).translate(_SCRIPT_SAFE)
+
+
 def render(g, title: str | None = None) -> str:
     """The page as a string (to_html writes it to a file)."""
     data = page_data(g, title)
-    blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    blob = script_json(data)
     parts = {"TITLE": html.escape(data["title"]), "CSS": _asset("viewer.css"), "DATA": blob,
              "JS": _asset("viewer.js")}
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _asset("viewer.html"))

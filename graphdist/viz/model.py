@@ -129,6 +129,53 @@ def read(g: Graph) -> View:
     return View(g, nodes, edges, lanes, producer)
 
 
+def collective_groups(view: View) -> list:
+    """The graph's collectives, each as the list of its nodes (in graph order), ordered by
+    their first node: the one count that the summary and the HTML header both report.
+
+    A *collective* is one exchange between devices as the program asked for it: a logical
+    all_reduce / broadcast / all_gather (an unplaced graph), a fused node (host_all_reduce,
+    host_reduce_update, nccl_all_reduce, mpi_*), or the many nodes a lowering emits for one
+    of them (a ring all-reduce on 4 devices is dozens of slices, copies and adds), together
+    with the reshapes that pack and unpack its buffers. A copy outside any collective
+    (placing a value on another device) counts as one too. The nodes of one collective are
+    found as connected pieces: two collective or copy nodes belong together when one reads
+    what the other wrote or both read the same value. So a collective that reads another's
+    result directly, with nothing in between, is counted with it."""
+    members = [n for n in view.nodes if n.index is not None and n.kind in ("collective", "copy")]
+    parent = {n.id: n.id for n in members}
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def join(a, b):
+        parent[root(a)] = root(b)
+
+    readers: dict = {}
+    for src, dst, _, var in view.edges:
+        if dst in parent:
+            if src in parent:
+                join(src, dst)
+            readers.setdefault(var, []).append(dst)
+    for ids in readers.values():
+        for other in ids[1:]:
+            join(ids[0], other)
+    groups: dict = {}
+    for n in members:
+        groups.setdefault(root(n.id), []).append(n)
+    return sorted(groups.values(), key=lambda nodes: nodes[0].id)
+
+
+def collective_totals(groups: list) -> tuple[int, int, int]:
+    """(collectives, their nodes, bytes they move between devices) of collective_groups'
+    answer: the numbers the summary's "collectives:" line and the HTML header both show."""
+    nodes = [n for group in groups for n in group]
+    return len(groups), len(nodes), sum(n.moved for n in nodes)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":

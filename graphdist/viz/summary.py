@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 from graphdist.ir import Graph, Var
-from graphdist.ir import COLLECTIVES_SCOPE
-from graphdist.viz.model import human_bytes, human_count, read
+from graphdist.viz.model import (collective_groups, collective_totals, human_bytes,
+                                  human_count, read)
 
 
 def peak_bytes(g: Graph) -> dict:
@@ -34,27 +34,6 @@ def peak_bytes(g: Graph) -> dict:
             if r not in inputs and r in owner:
                 live[owner[r]] -= r.ty.nbytes
     return peak
-
-
-def _collective_groups(view) -> list:
-    """The collectives of the graph, each as the list of its nodes: a logical or fused node
-    alone, or a lowered one as the consecutive run of eqns in the collectives scope."""
-    groups, run = [], []
-    for n in view.nodes:
-        if n.index is None:
-            continue
-        lowered = n.scope == COLLECTIVES_SCOPE or n.scope.endswith("/" + COLLECTIVES_SCOPE)
-        if lowered:
-            run.append(n)
-            continue
-        if run:
-            groups.append(run)
-            run = []
-        if n.kind in ("collective", "copy"):
-            groups.append([n])
-    if run:
-        groups.append(run)
-    return groups
 
 
 def _carried(g: Graph, n) -> list:
@@ -106,11 +85,12 @@ def stats(g: Graph) -> dict:
         ops[n.device][n.op] += 1
         flops[n.device] += n.flops
         touched[n.device] += n.bytes
-    colls = [_describe(g, c) for c in _collective_groups(view)]
+    groups = collective_groups(view)
+    _, members, moved = collective_totals(groups)        # as the HTML header counts them
     return {"devices": lanes, "eqns": len(g.eqns), "inputs": len(g.inputs),
             "ops": {d: dict(c) for d, c in ops.items()}, "flops": flops, "bytes": touched,
-            "peak_bytes": peak_bytes(g), "collectives": colls,
-            "moved": sum(c["moved"] for c in colls)}
+            "peak_bytes": peak_bytes(g), "collectives": [_describe(g, c) for c in groups],
+            "collective_nodes": members, "moved": moved}
 
 
 def _table(rows, header, left=(0,)) -> list:
@@ -166,8 +146,8 @@ def summary(g: Graph, max_ops: int = 30) -> str:
     lines += _table(rows, ["per device", *cols])
     lines.append("")
     colls = s["collectives"]
-    lines.append(f"collectives: {len(colls)}, {s['moved']:,} bytes moved between devices "
-                 f"({human_bytes(s['moved'])})")
+    lines.append(f"collectives: {len(colls)} ({s['collective_nodes']} nodes), {s['moved']:,} "
+                 f"bytes moved between devices ({human_bytes(s['moved'])})")
     if colls:
         rows = []
         for k, c in enumerate(colls):
