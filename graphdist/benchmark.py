@@ -56,13 +56,17 @@ def benchmark(builder, devices=(1, 2, 4), steps: int = 20, mode: str | None = No
     device, and `collective_share`. `mode` sets gd.config.set_device_concurrency for the
     run (restored after). Every call is a real step: it updates the variables.
 
+    Split the batch among the replicas, as below: a plain array reaches every replica
+    whole, so each would process the whole global batch (n times the work per replica).
+
     >>> def build(n):
     ...     strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(n)])
     ...     with strategy.scope():
     ...         w = gd.Variable(np.zeros((4, 2), np.float32))
     ...     step = gd.function(lambda x: strategy.run(lambda x: gd.reduce_sum(x @ w),
     ...                                               args=(x,)))
-    ...     return step, (np.ones((8 * n, 4), np.float32),)
+    ...     x = np.ones((8 * n, 4), np.float32)              # 8 rows per replica
+    ...     return step, (next(iter(strategy.experimental_distribute_dataset([x]))),)
     >>> [r["devices"] for r in gd.benchmark(build, devices=(1, 2), steps=3)]
     [1, 2]
     """

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import urllib.parse
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from graphdist.progress import ProgressBar
 from graphdist.viz.html import page_data, render
 from graphdist.viz.summary import stats
 
+ROOT = Path(__file__).resolve().parent.parent
 HOSTILE_VARIABLE = "w<!--<script"
 HOSTILE_SCOPE = "</script><!--<script>"
 
@@ -177,3 +179,51 @@ def test_viewer_renders_and_finds_a_hostile_name(hostile_graph, tmp_path, query)
                    for name, scope in zip(data["n"]["name"], data["n"]["scope"]))
     assert expected == (1 if query == HOSTILE_VARIABLE else len(hostile_graph.eqns))
     assert hits and hits.group(1) == f"1 / {expected}", hits
+
+
+# ---------------------------------------------------------------- the bench builders of the docs
+
+
+def docs_builder():
+    """`build` of the `graphdist bench` example in docs/inspect.md, run as written."""
+    text = (ROOT / "docs" / "inspect.md").read_text()
+    code = re.search(r"```python\n(# mystep\.py\n.*?)```", text, re.DOTALL).group(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/inspect.md (mystep.py)", "exec"), namespace)   # noqa: S102
+    return namespace["build"]
+
+
+def docstring_builder():
+    """`build` of gd.benchmark's docstring example."""
+    import doctest
+
+    from graphdist.benchmark import benchmark
+
+    [test] = doctest.DocTestFinder().find(benchmark, globs={"gd": gd, "np": np})
+    namespace = dict(test.globs)
+    for example in test.examples:
+        if "def build" in example.source:
+            exec(compile(example.source, "gd.benchmark's docstring", "exec"), namespace)  # noqa: S102
+    return namespace["build"]
+
+
+def rows_per_replica(step, args) -> list[int]:
+    """The rows of x that each replica of the traced step reads."""
+    step(*args)
+    g = step.replicated_graph
+    x_type = np.asarray(args[0].values[0] if hasattr(args[0], "values") else args[0])
+    return [v.ty.shape[0] for v in g.inputs[:g.num_args] if v.ty.shape[1:] == x_type.shape[1:]
+            and v.ty.dtype == x_type.dtype][:len(g.devices) or 1]
+
+
+@pytest.mark.parametrize("make", [docs_builder, docstring_builder], ids=["inspect.md",
+                                                                          "docstring"])
+def test_the_docs_bench_builders_split_the_batch_among_the_replicas(make):
+    build = make()
+    one = rows_per_replica(*build(1))
+    four_step, four_args = build(4)
+    assert all(isinstance(a, gd.PerReplica) for a in four_args)
+    global_rows = sum(len(shard) for shard in four_args[0].values)
+    assert global_rows == 4 * one[0]                 # weak scaling: the batch grows with n
+    # each replica does one replica's share, not the whole global batch
+    assert rows_per_replica(four_step, four_args) == [one[0]] * 4
