@@ -35,11 +35,25 @@ def _as_rows(a, rows: int):
     return np.ascontiguousarray(a).reshape(rows, -1)
 
 
+def _check_range(name: str, indices, rows: int | None = None) -> None:
+    """Raise IndexError unless 0 <= index < rows (rows None: unbounded) for every index.
+    Numba, as numpy, wraps a negative index into the last rows; graphdist's wrappers check
+    first with the op's own message, so this guards direct callers."""
+    if not indices.size:
+        return
+    low, high = int(indices.min()), int(indices.max())
+    if low < 0:
+        raise IndexError(f"{name}: index {low} is negative (expected 0 <= index)")
+    if rows is not None and high >= rows:
+        raise IndexError(f"{name}: index {high} is out of range for {rows} rows")
+
+
 def add_scaled_rows_cpu(out, indices, rows, scale=1.0) -> None:
     """out[indices[i]] += scale * rows[i] for every i, in order (repeated indices
     accumulate); `scale` of out's dtype. scale 1 adds the rows themselves (1 * x is x), and
     SGD's scale -lr gives p + (-lr) g, the same bits as the reference's p + -(lr g)."""
     k = indices.shape[0]
+    _check_range("add_scaled_rows_cpu", indices, out.shape[0])
     if k:
         _add_scaled_rows(out.reshape(out.shape[0], -1), np.ascontiguousarray(indices),
                          _as_rows(rows, k), out.dtype.type(scale))
@@ -83,6 +97,7 @@ def sum_duplicates_cpu(outs, indices, rows, divisor=1) -> None:
     table as long as the largest index finds each index's sum (no sort)."""
     out_indices, out_rows = outs
     k = indices.shape[0]
+    _check_range("sum_duplicates_cpu", indices)
     if k:
         slot = np.full(int(indices.max()) + 1, -1, np.int64)
         _sum_duplicates(np.ascontiguousarray(indices), _as_rows(rows, k), out_indices,

@@ -340,6 +340,12 @@ def _gather(rng):
                  diff=(0,)) for idx in ([4, 0, 4], [[1], [2]], [])]
 
 
+def _check_indices(rng):     # in range: the indices themselves (out of range: test_trust_ops)
+    p = {"rows": 5, "checked_for": "gather"}
+    return [Case((np.array(idx, np.int64),), lambda i: bind(OPS["check_indices"], i, **p),
+                 lambda i: i.copy(), params=p, diff=()) for idx in ([4, 0, 4], [[1], [2]], 3)]
+
+
 def _scatter_rows(rng):
     def ref(i, r):
         out = np.zeros((5, 3))
@@ -422,6 +428,7 @@ CASES = {
     "broadcast": _collective(broadcast, source=0),
     "all_gather": _all_gather,
     "gather": _gather,
+    "check_indices": _check_indices,
     "scatter_rows": _scatter_rows,
     "sum_duplicates": _sum_duplicates,
     "copy_to": _collective(lambda x, d: bind(OPS["copy_to"], x, device=d), device="cpu:0"),

@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.nn.layers import Layer, _initial
+from graphdist.ops.naming import user_op
 from graphdist.ops.sparse import gather
 
 
+@user_op("embedding_lookup")
 def embedding_lookup(params, ids):
     """Rows of `params` (a [vocab, dim] table) at `ids` (any shape of integers): shape
     ids.shape + (dim,), as tf.nn.embedding_lookup with one table. Out-of-range ids raise.

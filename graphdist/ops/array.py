@@ -9,6 +9,7 @@ import numpy as np
 from graphdist.errors import ShapeError
 from graphdist.ir.types import ArrayType, as_dtype, is_float
 from graphdist.ops.core import Op, bind, normalize_axis, same_dtype
+from graphdist.ops.naming import user_op
 
 # ---------------------------------------------------------------- reshape family (views)
 
@@ -263,15 +264,19 @@ one_hot_p = Op("one_hot", differentiable=False)
 def _one_hot_shape(indices, *, depth, dtype, checked_for=""):
     if indices.dtype.kind not in "iu":
         raise TypeError(f"{checked_for or 'one_hot'}: indices must be integers, got {indices}")
+    if depth < 0:           # TF's one_hot raises too; depth 0 is an empty last axis
+        raise ValueError(f"{checked_for or 'one_hot'}: depth must be >= 0, got {depth}")
     return ArrayType(indices.shape + (depth,), dtype)
 
 
 def out_of_range(xp, indices, limit: int):
     """(the first index outside [0, limit), where it is, how many are), or None. Two
-    O(n) reductions when all are in range."""
+    O(n) reductions when all are in range. A 0-d index is at ()."""
     if not indices.size or (int(indices.min()) >= 0 and int(indices.max()) < limit):
         return None
     bad = (indices < 0) | (indices >= limit)
+    if not indices.ndim:
+        return int(indices), (), 1
     at = tuple(int(k[0]) for k in xp.nonzero(bad))
     return int(indices[at]), (at[0] if len(at) == 1 else at), int(bad.sum())
 
@@ -446,6 +451,7 @@ def pad(x, paddings, mode="CONSTANT", constant_values=0):
                 constant_values=constant_values)
 
 
+@user_op("cast")
 def cast(x, dtype):
     dtype = as_dtype(dtype)
     if getattr(x, "dtype", None) == dtype:
@@ -473,6 +479,7 @@ def shape(x):
     return bind(shape_p, x)
 
 
+@user_op("one_hot")
 def one_hot(indices, depth, dtype="float32"):
     return bind(one_hot_p, indices, depth=int(depth), dtype=as_dtype(dtype))
 

@@ -12,6 +12,7 @@ from graphdist.errors import ShapeError
 from graphdist.ir.types import ArrayType, as_dtype
 from graphdist.ops.array import concat, reshape
 from graphdist.ops.core import Op, bind, normalize_axis
+from graphdist.ops.naming import user_op
 
 arange_p = Op("arange", differentiable=False)
 
@@ -62,6 +63,7 @@ def arange(start, limit=None, delta=1, dtype=None):
     return bind(arange_p, start=cast(start), limit=cast(limit), delta=cast(delta), dtype=dtype)
 
 
+@user_op("stack")
 def stack(values, axis=0):
     """Stack same-shape tensors along a new axis `axis`.
 
@@ -76,6 +78,10 @@ def stack(values, axis=0):
     if any(s != shapes[0] for s in shapes):
         raise ShapeError("stack: every value must have one shape, got "
                          + ", ".join(map(str, shapes)))
+    dtypes = [np.dtype(v.dtype) for v in values if hasattr(v, "dtype")]  # scalars: weak
+    if any(d != dtypes[0] for d in dtypes):
+        raise TypeError("stack: every value must have one dtype, got "
+                        + ", ".join(map(str, dtypes)) + "; use gd.cast to make them agree")
     (ax,) = normalize_axis("stack", axis, len(shapes[0]) + 1, shapes[0])
     new = shapes[0][:ax] + (1,) + shapes[0][ax:]
     return concat([reshape(v, new) for v in values], axis=ax)

@@ -8,19 +8,35 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.errors import ShapeError
-from graphdist.ir.types import LOW_PRECISION
+from graphdist.ir.types import LOW_PRECISION, ArrayType
 from graphdist.ops.array import cast, one_hot_p, stop_gradient
 from graphdist.ops.attention import last_axis, masked_softmax, softmax_p
-from graphdist.ops.core import bind
+from graphdist.ops.core import bind, normalize_axis, require_float
+from graphdist.ops.naming import user_op
 from graphdist.ops.math import (divide, exp, log, multiply, negative, reduce_max, reduce_sum,
                                 subtract)
 
 
+def _dtype(x) -> np.dtype:
+    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
 def _low_precision(x) -> np.dtype | None:
-    dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+    dtype = _dtype(x)
     return dtype if dtype in LOW_PRECISION else None
 
 
+def _check_logits(name: str, logits, axis) -> None:
+    """softmax's logits and axis, checked up front: the ops it is built from would name
+    themselves, and a scalar has no axis to normalize over."""
+    shape = tuple(getattr(logits, "shape", np.shape(logits)))
+    require_float(name, ArrayType(shape, _dtype(logits)))
+    if not shape:
+        raise ShapeError(f"{name}: logits need at least one axis, got shape ()")
+    normalize_axis(name, axis, len(shape), shape)
+
+
+@user_op("log_softmax")
 def log_softmax(logits, axis=-1, mask=None):
     """log(softmax(logits)) along `axis`, computed stably (float16/bfloat16: in float32);
     `mask` as softmax's (masked entries: -inf).
@@ -28,6 +44,7 @@ def log_softmax(logits, axis=-1, mask=None):
     >>> gd.nn.log_softmax(np.zeros((1, 2), np.float32))
     array([[-0.6931472, -0.6931472]], dtype=float32)
     """
+    _check_logits("log_softmax", logits, axis)
     low = _low_precision(logits)
     if low is not None:
         return cast(log_softmax(cast(logits, "float32"), axis, mask), low)
@@ -37,6 +54,7 @@ def log_softmax(logits, axis=-1, mask=None):
     return subtract(shifted, log(reduce_sum(exp(shifted), axis=axis, keepdims=True)))
 
 
+@user_op("softmax")
 def softmax(logits, axis=-1, mask=None):
     """exp(logits) normalized along `axis` (float16/bfloat16: computed in float32). `mask`
     broadcasts to the logits: bool (True keeps an entry; masked ones get probability 0, a
@@ -45,6 +63,7 @@ def softmax(logits, axis=-1, mask=None):
     >>> gd.nn.softmax(np.zeros((1, 2), np.float32), mask=np.array([True, False]))
     array([[1., 0.]], dtype=float32)
     """
+    _check_logits("softmax", logits, axis)
     low = _low_precision(logits)
     if low is not None:
         return cast(softmax(cast(logits, "float32"), axis, mask), low)
@@ -56,6 +75,7 @@ def softmax(logits, axis=-1, mask=None):
     return divide(e, reduce_sum(e, axis=axis, keepdims=True))
 
 
+@user_op("softmax_cross_entropy")
 def softmax_cross_entropy(labels, logits):
     """Per-example cross entropy with one-hot or probability `labels` (same shape as logits).
     float16/bfloat16 logits (and labels of their dtype) are computed in float32, and the loss
@@ -74,6 +94,7 @@ def softmax_cross_entropy(labels, logits):
     return negative(reduce_sum(multiply(labels, log_softmax(logits)), axis=-1))
 
 
+@user_op("sparse_softmax_cross_entropy")
 def sparse_softmax_cross_entropy(labels, logits):
     """Per-example cross entropy with integer class `labels` of shape logits.shape[:-1];
     float16/bfloat16 logits are computed in float32, and the loss is float32.

@@ -102,8 +102,9 @@ def _sparse_sgd_shape(p, indices, rows, hyper):
 
 @sparse_sgd_p.def_impl
 def _sparse_sgd_impl(xp, p, indices, rows, hyper):
-    from graphdist.ops.sparse import _add_at, _scatter_rows_impl
+    from graphdist.ops.sparse import _add_at, _scatter_rows_impl, check_slices
 
+    check_slices(xp, indices, p.shape[0])       # before any row changes
     dt = p.dtype.type
     lr, weight_decay = _host(hyper)
     if weight_decay:

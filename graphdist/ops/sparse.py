@@ -19,6 +19,7 @@ from graphdist.errors import ShapeError
 from graphdist.ir.types import ArrayType
 from graphdist.ops.array import cast, concat, out_of_range, reshape, transpose
 from graphdist.ops.core import Op, Symbolic, bind, normalize_axis
+from graphdist.ops.naming import called_as, user_op
 
 
 class IndexedSlices:
@@ -42,6 +43,8 @@ class IndexedSlices:
             raise ShapeError(f"IndexedSlices: values {tuple(np.shape(values))} must be one row "
                              f"of {self.dense_shape} per index; indices "
                              f"{tuple(np.shape(indices))} must be 1-D")
+        if isinstance(indices, np.ndarray):   # a traced one is checked where it is used
+            check_slices(np, indices, self.dense_shape[0])
 
     shape = property(lambda self: self.dense_shape)
     dtype = property(lambda self: np.dtype(self.values.dtype))
@@ -88,13 +91,16 @@ def _gather_shape(params, indices):
 
 
 def check_rows(op_name: str, xp, indices, rows: int) -> None:
-    """Out-of-range indices raise, as TF does on CPU (numpy would wrap negative ones)."""
+    """Out-of-range indices raise IndexError, as TF does on CPU (numpy would wrap negative
+    ones into the last rows)."""
     bad = out_of_range(xp, indices, rows)
-    if bad is not None:
-        value, at, count = bad
-        raise IndexError(f"{op_name}: index {value} at {at} of the indices "
-                         f"{tuple(indices.shape)} is out of range for {rows} rows (expected "
-                         f"0 <= index < {rows}; {count} out of range)")
+    if bad is None:
+        return
+    value, at, count = bad
+    where = f" at {at} of the indices {tuple(indices.shape)}" if indices.ndim else ""
+    many = f"; {count} out of range" if indices.ndim else ""
+    raise IndexError(f"{op_name}: index {value}{where} is out of range for {rows} rows "
+                     f"(expected 0 <= index < {rows}{many})")
 
 
 @gather_p.def_impl
@@ -112,6 +118,32 @@ def _gather_vjp(ct, params, indices):
 
 gather_p.def_cost(lambda ins, outs, **_: (0, 2 * outs[0].nbytes + ins[1].nbytes))
 
+# ---------------------------------------------------------------- checked indices
+# gather's indices, checked against the table's rows where the user gave them: the same
+# indices (a view) or an IndexError naming the op the user called (`checked_for`: gather,
+# embedding_lookup). The gradient's row indices are this op's output, so the check runs
+# whenever the gradient does, also when the forward gather is dead code (a step that only
+# applies the gradient): the first, numpy calls of a step and its kernels, fused or not,
+# raise the same error before any variable or slot changes.
+check_indices_p = Op("check_indices", view=True, differentiable=False)
+
+
+@check_indices_p.def_shape
+def _check_indices_shape(indices, *, rows, checked_for):
+    _check_indices(checked_for, indices)
+    return indices
+
+
+@check_indices_p.def_impl
+def _check_indices_impl(xp, indices, *, rows, checked_for):
+    check_rows(checked_for, xp, indices, rows)
+    return indices
+
+
+check_indices_p.def_batch(lambda bx, indices, **params: bx.add(check_indices_p, indices,
+                                                                **params))
+check_indices_p.def_cost(lambda ins, outs, **_: (ins[0].size, ins[0].nbytes))
+
 # ---------------------------------------------------------------- densify: rows -> table
 
 scatter_rows_p = Op("scatter_rows")   # zeros of `shape` plus each row added at its index
@@ -126,9 +158,19 @@ def _scatter_rows_shape(indices, rows, *, shape):
     return ArrayType(tuple(shape), rows.dtype)
 
 
+def check_slices(xp, indices, rows: int | None) -> None:
+    """An IndexedSlices' indices against the `rows` of the table it stands for (None: only
+    that none is negative), where it is densified, merged or applied. gather's indices are
+    checked where the user gave them (check_indices), so this catches a user-built
+    IndexedSlices, on every path: the numpy impls here and the kernels' wrappers in
+    runtime/kernel_table.py raise the same error before anything changes."""
+    limit = int(rows) if rows is not None else int(np.iinfo(indices.dtype).max)
+    check_rows("IndexedSlices", xp, indices, limit)
+
+
 @scatter_rows_p.def_impl
 def _scatter_rows_impl(xp, indices, rows, *, shape):
-    check_rows("scatter_rows", xp, indices, shape[0])
+    check_slices(xp, indices, shape[0])
     out = xp.zeros(shape, rows.dtype)
     _add_at(xp, out, indices, rows)
     return out
@@ -154,7 +196,7 @@ sum_duplicates_p = Op("sum_duplicates", num_outputs=2, differentiable=False)
 
 
 @sum_duplicates_p.def_shape
-def _sum_duplicates_shape(indices, rows, *, divisor=1):
+def _sum_duplicates_shape(indices, rows, *, divisor=1, table_rows=None):
     _check_indices("sum_duplicates", indices)
     if indices.ndim != 1 or rows.ndim < 1 or rows.shape[0] != indices.shape[0]:
         raise ShapeError(f"sum_duplicates: expected 1-D indices and one row per index, got "
@@ -163,10 +205,12 @@ def _sum_duplicates_shape(indices, rows, *, divisor=1):
 
 
 @sum_duplicates_p.def_impl
-def _sum_duplicates_impl(xp, indices, rows, *, divisor=1):
+def _sum_duplicates_impl(xp, indices, rows, *, divisor=1, table_rows=None):
     """TF's _deduplicate_indexed_slices at a static size: the distinct indices in the order
     they first occur, each with the sum of its rows in their order (divided by `divisor`,
-    a mean's replica count), then zero rows at index 0."""
+    a mean's replica count), then zero rows at index 0. `table_rows`: the rows of the
+    table the indices address, checked (None: only that none is negative)."""
+    check_slices(xp, indices, table_rows)
     unique, first, inverse = xp.unique(indices, return_index=True, return_inverse=True)
     order = xp.argsort(first)                    # the distinct indices by first occurrence
     slot = xp.empty_like(order)
@@ -185,17 +229,25 @@ sum_duplicates_p.def_cost(lambda ins, outs, **_: (ins[1].size, 2 * sum(t.nbytes 
 # ---------------------------------------------------------------- public functions
 
 
+@user_op("gather")
 def gather(params, indices, axis=0):
     """Rows (or slices along `axis`) of `params` at `indices`: shape
     params.shape[:axis] + indices.shape + params.shape[axis+1:], as tf.gather. With respect
-    to params (axis 0) the gradient is an IndexedSlices: one row per index.
+    to params (axis 0) the gradient is an IndexedSlices: one row per index. An index
+    outside [0, rows) raises IndexError (eagerly now, in traced code when the step runs),
+    as TF does on CPU; numpy would wrap a negative one.
 
     >>> gd.gather(np.arange(6.0).reshape(3, 2), np.array([2, 0]))
     array([[4., 5.],
            [0., 1.]])
     """
-    rank = len(np.shape(params))
-    (axis,) = normalize_axis("gather", int(axis), max(rank, 1), np.shape(params))
+    shape = tuple(getattr(params, "shape", np.shape(params)))
+    rank = len(shape)
+    if rank == 0:
+        raise ShapeError("gather: params must have rank >= 1, got shape ()")
+    (axis,) = normalize_axis("gather", int(axis), rank, shape)
+    indices = bind(check_indices_p, indices, rows=shape[axis],
+                   checked_for=called_as("gather"))
     if axis == 0:
         return bind(gather_p, params, indices)
     front = transpose(params, (axis,) + tuple(d for d in range(rank) if d != axis))
@@ -217,7 +269,8 @@ def sum_duplicates(value: IndexedSlices, divisor: int = 1) -> IndexedSlices:
     padded with zero rows."""
     if value.unique and divisor == 1:
         return value
-    indices, rows = bind(sum_duplicates_p, value.indices, value.values, divisor=int(divisor))
+    indices, rows = bind(sum_duplicates_p, value.indices, value.values, divisor=int(divisor),
+                         table_rows=value.dense_shape[0])
     return IndexedSlices(indices, rows, value.dense_shape, unique=True)
 
 

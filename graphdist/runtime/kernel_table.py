@@ -48,13 +48,13 @@ def sparse_sgd_cpu(p, indices, rows, hyper):
     decays) the op's dense reference."""
     from graphdist.kernels.sparse import add_scaled_rows_cpu
     from graphdist.ops.optim import _sparse_sgd_impl
-    from graphdist.ops.sparse import check_rows
+    from graphdist.ops.sparse import check_slices
 
     lr, weight_decay = hyper.tolist()
     if weight_decay or p.dtype.kind != "f" or not p.flags.c_contiguous:
         p[...] = _sparse_sgd_impl(np, p, indices, rows, hyper)
         return
-    check_rows("sparse_sgd_update", np, indices, p.shape[0])
+    check_slices(np, indices, p.shape[0])
     add_scaled_rows_cpu(p, indices, rows, -p.dtype.type(lr))
 
 
@@ -251,18 +251,18 @@ def conv2d_backprop_input_cpu(dx, dy, f, **params):
 def scatter_rows_cpu(out, indices, rows, *, shape):
     """Whole rows at a time (np.add.at goes element by element, ~20x slower)."""
     from graphdist.kernels.sparse import scatter_rows_cpu
-    from graphdist.ops.sparse import check_rows
+    from graphdist.ops.sparse import check_slices
 
-    check_rows("scatter_rows", np, indices, shape[0])
+    check_slices(np, indices, shape[0])
     scatter_rows_cpu(out, indices, rows)
 
 
-def sum_duplicates_cpu(outs, indices, rows, *, divisor=1):
+def sum_duplicates_cpu(outs, indices, rows, *, divisor=1, table_rows=None):
     """One pass with a slot table (numpy: a sort and np.add.at, ~10x slower)."""
     from graphdist.kernels.sparse import sum_duplicates_cpu
-    from graphdist.ops.sparse import check_rows
+    from graphdist.ops.sparse import check_slices
 
-    check_rows("sum_duplicates", np, indices, np.iinfo(indices.dtype).max)
+    check_slices(np, indices, table_rows)
     sum_duplicates_cpu(outs, indices, rows, divisor)
 
 
