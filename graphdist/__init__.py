@@ -32,6 +32,7 @@ from graphdist.ops.math import (abs, add, argmax, clip_by_value, divide, equal, 
                                 reduce_min, reduce_sum, relu, sigmoid, sqrt, square, subtract,
                                 tanh, where)
 from graphdist.ops.construct import arange, stack
+from graphdist.ops.division import floor_divide, mod
 from graphdist.ops.einsum import einsum
 from graphdist.ops.special import cos, sin
 from graphdist.ops.clip import clip_by_global_norm
@@ -54,10 +55,12 @@ __all__ = [
     "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "arange", "argmax",
     "benchmark", "broadcast_to", "cast", "choose_cross_device_ops", "clip_by_global_norm",
     "clip_by_value", "concat", "config", "cos",
-    "data", "devices", "divide", "einsum", "equal", "exp", "expand_dims", "function",
+    "data", "devices", "divide", "einsum", "equal", "exp", "expand_dims", "floor_divide",
+    "function",
     "gather", "get_replica_context", "get_strategy", "greater", "greater_equal", "has_strategy",
     "in_cross_replica_context", "initializers", "less", "less_equal", "log", "matmul",
-    "maximum", "minimum", "multiply", "name_scope", "negative", "nn", "not_equal", "one_hot",
+    "maximum", "minimum", "mod", "multiply", "name_scope", "negative", "nn", "not_equal",
+    "one_hot",
     "ones_like", "optimizers", "pad", "power", "random", "reduce_max", "reduce_mean",
     "reduce_min", "reduce_sum", "relu", "reshape", "shape", "sigmoid", "simulate", "sin", "split", "sqrt", "square", "squeeze", "stack", "stop_gradient",
     "subtract", "tanh", "transpose", "value_and_grad", "where", "zeros_like",

@@ -69,6 +69,20 @@ def _binary_cases(fn, ref, positive_x=False, nonzero_y=False):
     return make
 
 
+def _division_cases(fn, ref):
+    """Both signs; |y| >= 0.5, so the int retyping of the dtype sweep (|a| * 3) never makes a
+    zero divisor; and an int case."""
+    def make(rng):
+        def signed(*shape):
+            return rng.uniform(0.5, 4.0, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+        cases = [Case((signed(*a) * 3, signed(*b)), fn, ref)
+                 for a, b in [((3, 4), (3, 4)), ((3, 4), (4,)), ((), (2, 3)), ((2, 3), ()),
+                              ((48, 50), (50,))]]
+        ints = rng.integers(-9, 10, (3, 4)), rng.choice([-3, -2, -1, 1, 2, 3], (4,))
+        return cases + [Case(ints, fn, ref)]
+    return make
+
+
 def _compare_cases(fn, ref):
     def make(rng):
         # small integers as floats, so equality really happens
@@ -383,6 +397,8 @@ CASES = {
     "pow": _binary_cases(gd.power, np.power, positive_x=True),
     "maximum": _binary_cases(gd.maximum, np.maximum),
     "minimum": _binary_cases(gd.minimum, np.minimum),
+    "floor_divide": _division_cases(gd.floor_divide, np.floor_divide),
+    "mod": _division_cases(gd.mod, np.remainder),
     "equal": _compare_cases(gd.equal, np.equal),
     "not_equal": _compare_cases(gd.not_equal, np.not_equal),
     "less": _compare_cases(gd.less, np.less),
@@ -553,7 +569,7 @@ def test_eager_matches_numpy(name, i):
 @pytest.mark.parametrize("name,i", [p for p in ALL if p.values[0] in (
     "add", "mul", "tanh", "sigmoid", "reduce_sum", "reduce_max", "matmul", "getitem", "split",
     "concat", "where", "cast", "one_hot", "transpose", "broadcast_to", "all_reduce",
-    "copy_to")])
+    "copy_to", "floor_divide", "mod")])
 def test_compiled_matches_numpy(name, i):
     """The same formulas through gd.function (trace, passes, lowering)."""
     case = _case(name, i)

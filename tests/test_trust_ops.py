@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from graphdist.ir.types import as_dtype
 from graphdist.runtime import warmup
 
 HERE = os.path.basename(__file__)
@@ -346,3 +347,142 @@ def test_user_op_names_errors_by_the_outermost_marked_function():
 
     with pytest.raises(gd.ShapeError, match=r"^mine: bad shape\n  while tracing  here$"):
         already_named()
+
+
+# ---------------------------------------------------------------- `//` and `%`
+
+DIVISION_DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
+
+
+def _signed_operands(dtype: str):
+    """x and y over every sign combination, y never 0; floats with fractions, exact in
+    float16 and bfloat16 (multiples of 1/4 below 64)."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-40, 41, (6, 8)) / (4 if dtype.startswith(("float", "bfloat")) else 1)
+    y = rng.choice([-7, -3, -2, -1, 1, 2, 3, 7], (8,)) * \
+        (1.25 if dtype.startswith(("float", "bfloat")) else 1)
+    return x.astype(as_dtype(dtype)), y.astype(as_dtype(dtype))
+
+
+def _assert_numpy_equal(got, want):
+    got = np.asarray(got)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape)
+    np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", DIVISION_DTYPES)
+def test_floor_divide_and_mod_match_numpy_eagerly_and_traced(dtype):
+    x, y = _signed_operands(dtype)
+    want = {"x // y": np.floor_divide(x, y), "x % y": np.remainder(x, y),
+            "x // 3": np.floor_divide(x, x.dtype.type(3)),
+            "7 % y": np.remainder(y.dtype.type(7), y)}
+
+    def by_function(x, y):
+        return {"x // y": gd.floor_divide(x, y), "x % y": gd.mod(x, y),
+                "x // 3": gd.floor_divide(x, 3), "7 % y": gd.mod(7, y)}
+
+    def by_operator(x, y):
+        return {"x // y": x // y, "x % y": x % y, "x // 3": x // 3, "7 % y": 7 % y}
+    for results in (by_function(x, y), gd.function(by_function)(x, y),
+                    gd.function(by_operator)(x, y)):
+        for key, value in want.items():
+            _assert_numpy_equal(results[key], value)
+    np.testing.assert_array_equal(                      # x == (x // y) * y + x % y
+        (want["x // y"] * y + want["x % y"]).astype(np.float64), x.astype(np.float64))
+
+
+def test_a_variable_takes_floor_divide_and_mod_eagerly():
+    v = gd.Variable(np.array([-7, 7, 8], np.int64))
+    np.testing.assert_array_equal(v // 2, [-4, 3, 4])
+    np.testing.assert_array_equal(v % -3, [-1, -2, -1])
+    np.testing.assert_array_equal(20 // v, [-3, 2, 2])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_floor_divide_and_mod_under_a_2_replica_mirrored_strategy(dtype):
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    shards = [np.array([-7.5, 7.5, 3.0, -3.0]).astype(dtype),
+              np.array([-1, 9, -10, 0]).astype(dtype)]
+    xs = strategy.experimental_distribute_values_from_function(
+        lambda ctx: shards[ctx.replica_id_in_sync_group])
+    y = np.array([2, -2, 3, -3] if dtype == "int32" else [2, -2, 2.5, -2.5], dtype)
+    with strategy.scope():
+        divisors = gd.Variable(y)             # a mirrored variable as the divisor
+
+    @gd.function
+    def step(x):
+        return strategy.run(lambda x: (x // 2, x % -2, x // divisors, gd.mod(x, divisors)),
+                            args=(x,))
+
+    results = step(xs)
+    two = np.asarray(2, dtype)
+    for k, x in enumerate(shards):
+        for got, want in zip(results, [np.floor_divide(x, two), np.remainder(x, -two),
+                                       np.floor_divide(x, y), np.remainder(x, y)]):
+            _assert_numpy_equal(got.values[k], want)
+
+
+def _finite_difference(f, args, k, eps=1e-6):
+    """d sum(f) / d args[k], central differences, element by element."""
+    grad = np.zeros_like(args[k])
+    for i in np.ndindex(args[k].shape):
+        hi, lo = [a.copy() for a in args], [a.copy() for a in args]
+        hi[k][i] += eps
+        lo[k][i] -= eps
+        grad[i] = (f(*hi).sum() - f(*lo).sum()) / (2 * eps)
+    return grad
+
+
+def test_mod_and_floor_divide_gradients_match_finite_differences():
+    """mod: d/dx = 1, d/dy = -floor(x / y) (TF's FloorMod gradient); floor_divide: 0.
+    Points away from the jumps (x / y never within 1e-3 of an integer)."""
+    rng = np.random.default_rng(3)
+    y = rng.uniform(0.5, 3.0, (3, 4)) * rng.choice([-1.0, 1.0], (3, 4))
+    x = (rng.integers(-5, 6, (3, 4)) + rng.uniform(0.1, 0.9, (3, 4))) * y
+    _, (gx, gy) = gd.value_and_grad(lambda x, y: gd.reduce_sum(x % y), (0, 1))(x, y)
+    np.testing.assert_allclose(gx, _finite_difference(np.remainder, (x, y), 0), atol=1e-6)
+    np.testing.assert_allclose(gy, _finite_difference(np.remainder, (x, y), 1), atol=1e-6)
+    np.testing.assert_array_equal(gx, np.ones_like(x))
+    np.testing.assert_array_equal(gy, -np.floor(x / y))
+    _, (gx, gy) = gd.value_and_grad(lambda x, y: gd.reduce_sum(x // y), (0, 1))(x, y)
+    np.testing.assert_array_equal(gx, _finite_difference(np.floor_divide, (x, y), 0))
+    np.testing.assert_array_equal(gy, np.zeros_like(y))
+    # a broadcast divisor sums its gradient: -sum over rows of floor(x / y)
+    row = y[0]
+    _, g_row = gd.value_and_grad(lambda y: gd.reduce_sum(x % y))(row)
+    np.testing.assert_allclose(g_row, -np.floor(x / row).sum(axis=0))
+
+
+@pytest.mark.parametrize("op", ["//", "%"])
+def test_integer_division_by_zero_raises_instead_of_numpy_s_silent_zero(op):
+    """numpy gives 0 (with a warning that a compiled step, run with warnings off, never
+    shows); Python and TF's CPU kernels raise."""
+    name = {"//": "floor_divide", "%": "mod"}[op]
+    fn = {"//": lambda x, y: x // y, "%": lambda x, y: x % y}[op]
+    x, y = np.array([5, -5, 6], np.int32), np.array([2, 0, 3], np.int32)
+    with pytest.raises(ZeroDivisionError, match=rf"^{name}: integer division by zero at 1 of "
+                                                r"the divisor \(3,\) \(1 of 3 are 0\)"):
+        {"//": gd.floor_divide, "%": gd.mod}[op](x, y)
+    step = gd.function(fn)
+    step(x, y + 1)
+    with pytest.raises(ZeroDivisionError) as info:
+        step(x, y)
+    assert str(info.value).startswith(f"{name}: integer division by zero at 1")
+    assert _names_line(str(info.value), "traced at", "lambda x, y: x " + op)
+    with pytest.raises(ZeroDivisionError, match=f"^{name}: integer division by zero;"):
+        step(x, np.int32(0))
+
+
+def test_float_division_by_zero_follows_numpy():
+    x, y = np.array([1.0, -1.0, 0.0], np.float32), np.zeros(3, np.float32)
+    quotient, remainder = gd.function(lambda x, y: (x // y, x % y))(x, y)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(quotient, np.floor_divide(x, y))
+        np.testing.assert_array_equal(remainder, np.remainder(x, y))
+
+
+def test_floor_divide_refuses_bool_and_mixed_dtypes():
+    with pytest.raises(TypeError, match="^floor_divide: expected int or float tensors"):
+        gd.floor_divide(np.array([True]), np.array([True]))
+    with pytest.raises(TypeError, match="^mod: dtypes differ"):
+        gd.function(lambda x, y: x % y)(np.ones(2, np.float32), np.ones(2, np.int32))

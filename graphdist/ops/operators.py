@@ -1,9 +1,10 @@
-"""Python operators for symbolic values (`+ - * / ** @`, comparisons, indexing), shared by
+"""Python operators for symbolic values (`+ - * / // % ** @`, comparisons, indexing), shared by
 gd.Tensor and gd.Variable."""
 
 from __future__ import annotations
 
 from graphdist.ops import array as A
+from graphdist.ops import division as D
 from graphdist.ops import math as M
 
 
@@ -20,6 +21,10 @@ class Operators:
     def __rmul__(self, o): return M.multiply(o, self)
     def __truediv__(self, o): return M.divide(self, o)
     def __rtruediv__(self, o): return M.divide(o, self)
+    def __floordiv__(self, o): return D.floor_divide(self, o)
+    def __rfloordiv__(self, o): return D.floor_divide(o, self)
+    def __mod__(self, o): return D.mod(self, o)
+    def __rmod__(self, o): return D.mod(o, self)
     def __pow__(self, o): return M.power(self, o)
     def __rpow__(self, o): return M.power(o, self)
     def __matmul__(self, o): return M.matmul(self, o)
