@@ -55,6 +55,12 @@ def _mode(mode: str, monkeypatch):
         warmup.wait()
 
 
+def _assert_ran_on(mode: str, step) -> None:
+    """The step's programs really ran the numpy forms (their kernels deferred) or not."""
+    programs = [p for c in step._cache.values() for p in c.executable.programs]
+    assert any(getattr(p, "warming", False) for p in programs) == (mode == "numpy forms")
+
+
 def _state(variables) -> list:
     """Every replica's copy of every variable, as arrays."""
     return [np.array(c) for v in variables for c in getattr(v, "values", [v.numpy()])]
@@ -105,6 +111,7 @@ def test_a_negative_id_in_a_sparse_gradient_raises_the_same_error_and_changes_no
     with _mode(mode, monkeypatch):
         step, table, opt = _embedding_step(optimizer, replicas, sparse_gradient_by_hand=False)
         step(np.array([0, 1]))                 # a good step first: slots exist, kernels load
+        _assert_ran_on(mode, step)
         variables = [table, *opt.variables()]
         before = _state(variables)
         for _ in range(3):                     # the same error on every call
@@ -129,6 +136,7 @@ def test_a_user_built_indexed_slices_out_of_range_raises_with_the_table_s_rows(
     with _mode(mode, monkeypatch):
         step, table, opt = _embedding_step(optimizer, replicas, sparse_gradient_by_hand=True)
         step(np.array([0, 1]))
+        _assert_ran_on(mode, step)
         variables = [table, *opt.variables()]
         before = _state(variables)
         for bad in ([0, -1], [9, 1]):
