@@ -322,6 +322,21 @@ def test_errors_name_the_function_the_user_called_and_the_line(run, name, fn, ar
         assert _names_line(message, "while tracing", f"{name}("), message
 
 
+def test_cast_to_float64_casts_what_has_no_dtype_and_names_itself():
+    """`getattr(x, 'dtype', None) == float64` was True for None (np.dtype(None) is
+    float64): a list, a Python int or a PerReplica came back unchanged, uncast."""
+    out = gd.cast([1, 2], "float64")
+    assert isinstance(out, np.ndarray) and out.dtype == np.float64
+    assert np.asarray(gd.cast(3, "float64")).dtype == np.float64
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="^cast: a PerReplica used as an array"):
+        gd.cast(values, "float64")
+    with pytest.raises(TypeError, match="^cast: dtype must be given, got None"):
+        gd.cast(np.ones(2), None)
+
+
 def test_an_out_of_range_embedding_id_names_embedding_lookup_when_the_step_runs():
     table = np.ones((4, 2), np.float32)
     step = gd.function(lambda t, i: gd.nn.embedding_lookup(t, i))

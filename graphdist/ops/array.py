@@ -453,8 +453,16 @@ def pad(x, paddings, mode="CONSTANT", constant_values=0):
 
 @user_op("cast")
 def cast(x, dtype):
+    """x as `dtype` (x itself when it already has it).
+
+    >>> gd.cast(np.array([1.7, -1.7]), "int32")
+    array([ 1, -1], dtype=int32)
+    """
+    if dtype is None:           # np.dtype(None) would quietly mean float64
+        raise TypeError("cast: dtype must be given, got None")
     dtype = as_dtype(dtype)
-    if getattr(x, "dtype", None) == dtype:
+    own = getattr(x, "dtype", None)   # never compare None: np.dtype(None) is float64
+    if own is not None and np.dtype(own) == dtype:
         return x
     return bind(cast_p, x, dtype=dtype)
 
