@@ -150,6 +150,24 @@ def test_a_user_built_indexed_slices_out_of_range_raises_with_the_table_s_rows(
             _assert_unchanged(before, variables)
 
 
+def test_merged_replicas_check_embedding_ids_too():
+    """The check has a batching rule: merged replicas check the stacked ids."""
+    gd.config.set_device_concurrency("merged")
+    try:
+        strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+        table = np.arange(12, dtype=np.float32).reshape(4, 3)
+        step = gd.function(lambda ids: strategy.run(
+            lambda i: gd.nn.embedding_lookup(table, i) * 2.0, args=(ids,)))
+        out = step(gd.PerReplica((np.array([0, 3]), np.array([1, 2]))))
+        assert step.replicated_graph.merged
+        for k, ids in enumerate(([0, 3], [1, 2])):
+            np.testing.assert_array_equal(out.values[k], table[ids] * 2)
+        with pytest.raises(IndexError, match=r"^embedding_lookup: index -2 .* for 4 rows"):
+            step(gd.PerReplica((np.array([0, 3]), np.array([1, -2]))))
+    finally:
+        gd.config.set_device_concurrency("auto")
+
+
 def test_an_indexed_slices_built_eagerly_checks_its_indices():
     with pytest.raises(IndexError, match=r"IndexedSlices: index -1 at 0 .* for 4 rows"):
         gd.IndexedSlices(np.array([-1]), np.ones((1, 2)), (4, 2))
