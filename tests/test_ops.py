@@ -690,7 +690,8 @@ def test_split_gradient_with_unused_parts():
 BINARY = {"add": (gd.add, np.add), "sub": (gd.subtract, np.subtract),
           "mul": (gd.multiply, np.multiply), "div": (gd.divide, np.divide),
           "pow": (gd.power, np.power), "maximum": (gd.maximum, np.maximum),
-          "minimum": (gd.minimum, np.minimum)}
+          "minimum": (gd.minimum, np.minimum), "floor_divide": (gd.floor_divide, np.floor_divide),
+          "mod": (gd.mod, np.remainder)}
 
 
 @pytest.mark.parametrize("name", sorted(BINARY))
