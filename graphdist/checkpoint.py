@@ -1,9 +1,13 @@
 """gd.Checkpoint: save and restore Variables, optimizers and objects holding them.
 
-One `.npz` file per checkpoint (numpy arrays, no pickle) with a JSON `__meta__` entry.
+One `.npz` file per checkpoint (numpy arrays, no pickle) with a JSON `__meta__` entry
+(checkpoint_format.py reads and writes the file, treating it as untrusted input).
 Entries are keyed by object path (`model/dense1/w`, `opt/iterations`, `opt/hyper/learning_rate`,
-and slots by the path of their variable: `opt/slots/model/dense1/w/m`). Restore validates
-everything first.
+and slots by the path of their variable: `opt/slots/model/dense1/w/m`); the metadata records
+each optimizer's type and slot names, so another optimizer's state is refused. Restore checks
+everything against the metadata before it reads an entry, reads only the entries it tracks,
+writes nothing until all of them are read, and returns a RestoreStatus saying what the file
+did not cover.
 bfloat16 (an ml_dtypes type the .npy format cannot name) is stored as its uint16 bits, the
 entry's metadata naming both ("dtype": "bfloat16", "bits": "uint16").
 An object with a `_checkpoint_children()` method (gd.nn layers) lists its own (key, child) pairs.
@@ -11,25 +15,22 @@ An object with a `_checkpoint_children()` method (gd.nn layers) lists its own (k
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
-import socket
-import time
 import types
-import uuid
-import zipfile
 
 import numpy as np
 
+from graphdist.checkpoint_format import (BITS, FORMAT, HOST, META, STALE_TEMP_S, VERSION,
+                                         CheckpointFile, describe, remove_stale_temps,
+                                         write_atomically)
+from graphdist.config import logger
 from graphdist.errors import CheckpointError, TraceError
-from graphdist.ir.types import as_dtype
 from graphdist.ops.core import current_tracer
 from graphdist.variables import Variable
 
-FORMAT, VERSION, META = "graphdist.checkpoint", 1, "__meta__"
-_BITS = {"bfloat16": "uint16"}     # dtypes stored as raw bits: the .npy header cannot name them
+_HOST = HOST                       # the host name in temp file names (see checkpoint_format)
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), np.ndarray, np.generic, type,
            types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
 
@@ -76,10 +77,6 @@ def _walk(obj, path: str, seen: set, variables: dict, optimizers: dict) -> None:
         for key, child in list(_children(obj)):
             _walk(child, f"{path}/{_escape(key)}" if path else _escape(key), seen, variables,
                   optimizers)
-
-
-def _describe(shape, dtype) -> str:
-    return f"shape {tuple(shape)} dtype {np.dtype(dtype).name}"
 
 
 class Checkpoint:
@@ -131,7 +128,7 @@ class Checkpoint:
         if current_tracer() is not None:
             raise TraceError("Checkpoint.save inside traced code would save trace-time values; "
                              "call it between steps")
-        variables = self._entries()[0]
+        variables, _, optimizers, _ = self._entries()
         entries, arrays = {}, {}
         for key, var in variables.items():
             arrays[key] = value = var.numpy()      # mirrored: one copy; sync-on-read: aggregate
@@ -139,21 +136,25 @@ class Checkpoint:
                             "synchronization": var.synchronization.value,
                             "aggregation": var.aggregation.value,
                             "components": len(var.values)}
-            if value.dtype.name in _BITS:
-                arrays[key] = value.view(_BITS[value.dtype.name])
-                entries[key]["bits"] = _BITS[value.dtype.name]
-        meta = json.dumps({"format": FORMAT, "version": VERSION, "entries": entries})
+            if value.dtype.name in BITS:
+                arrays[key] = value.view(BITS[value.dtype.name])
+                entries[key]["bits"] = BITS[value.dtype.name]
+        optimizers = {p: {"type": type(opt).__name__,      # restore refuses another type's
+                          "slots": sorted({name for _, name in opt._slots})}
+                      for p, opt in optimizers.items()}
+        meta = json.dumps({"format": FORMAT, "version": VERSION, "entries": entries,
+                           "optimizers": optimizers})
         arrays[META] = np.frombuffer(meta.encode(), np.uint8)
         group = _workers(variables.values())
         if group is None:
-            _write_atomically(os.fspath(path), arrays)
+            write_atomically(os.fspath(path), arrays)
             return path
         # every worker calls save (sync-on-read values are aggregated across them above);
         # the chief writes, and every worker learns whether it did before returning
         failed = None
         if group.rank == 0:
             try:
-                _write_atomically(os.fspath(path), arrays)
+                write_atomically(os.fspath(path), arrays)
             except Exception as e:  # noqa: BLE001 - reported to every worker below
                 failed = f"{type(e).__name__}: {e}"
         failed = group.bcast_object(failed, 0, f"the checkpoint {os.fspath(path)!r} the chief "
@@ -164,56 +165,205 @@ class Checkpoint:
         return path
 
     # ------------------------------------------------------------ restore
-    def restore(self, path) -> None:
+    def restore(self, path) -> RestoreStatus:
         """Load `path` into the tracked variables, creating optimizer slots that do not exist
-        yet. Raises CheckpointError, changing nothing, if the file does not fit."""
+        yet, and return a RestoreStatus (`assert_consumed()`, `expect_partial()`). Raises
+        CheckpointError, changing nothing, if the file does not fit. Only the entries
+        something tracks are decompressed."""
         if current_tracer() is not None:
             raise TraceError("Checkpoint.restore inside traced code; call it between steps")
         path = os.fspath(path)
-        arrays = _read(path)
-        variables, plain, optimizers, slots = self._entries()
-        plan = []                      # (variable or (optimizer, variable, slot name), arrays)
-
-        def check(key, shape, dtype, what):
-            got = arrays[key]
-            if got.shape != tuple(shape) or got.dtype != dtype:
-                raise CheckpointError(f"{path}: entry '{key}': {what} has "
-                                      f"{_describe(shape, dtype)}, the file has "
-                                      f"{_describe(got.shape, got.dtype)}")
-
-        hyper = {f"{p}/hyper/{_escape(name)}" for p, opt in optimizers.items()
-                 for name in getattr(opt, "_hyper", {})}
-        for key, var in variables.items():
-            if key not in arrays:
-                if key in slots:           # saved before the slot existed: zeros
-                    plan.append((var, [np.zeros(var.shape, var.dtype)] * len(var.values)))
-                    continue
-                if key in hyper:           # saved before hyper-parameters were state: keep
-                    continue
-                raise CheckpointError(f"{path}: tracked variable '{key}' ({var.name!r}, "
-                                      f"{_describe(var.shape, var.dtype)}) is absent from the "
-                                      "file")
-            check(key, var.shape, var.dtype, f"variable {var.name!r}")
-            plan.append((var, var.components_for(arrays[key])))
-        for p, opt in optimizers.items():
-            prefix = f"{p}/slots/"
-            for key in arrays:
-                if not key.startswith(prefix) or key in variables:
-                    continue
-                var_path, _, name = key[len(prefix):].rpartition("/")
-                var = plain.get(var_path)
-                if var is None:
-                    continue                       # nothing tracks that variable here
-                check(key, var.shape, var.dtype, f"the slot of variable {var.name!r}")
-                plan.append(((opt, var, _unescape(name)), [arrays[key]] * len(var.devices)))
-        for target, values in plan:                # every check passed: now write
+        with CheckpointFile(path) as file:
+            plan = _RestorePlan(file, *self._entries())
+            values = {key: plan.value(key) for _, key in plan.writes if key is not None}
+        for target, key in plan.writes:            # every check passed: now write
             if not isinstance(target, Variable):
                 opt, var, name = target            # a slot the optimizer has not made yet
                 target = opt.slot(var, name)
-            target.assign_components(values)
+            value = values[key] if key is not None else np.zeros(target.shape, target.dtype)
+            # the variable's own cross-replica write: a SUM sync-on-read value is split as
+            # an assign splits it, so the value reads back exactly on any replica count
+            target.assign_components(target.components_for(value))
+        used = {key for _, key in plan.writes}
+        return RestoreStatus(path, sorted(set(file.entries) - used), plan.unrestored)
 
     def __repr__(self) -> str:
         return f"Checkpoint({', '.join(self._trackables)})"
+
+
+def _names(keys, limit: int = 8) -> str:
+    keys = list(keys)
+    shown = ", ".join(f"'{k}'" for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+class _RestorePlan:
+    """Everything a restore will write, checked against the file's metadata before any entry
+    is read: `writes` is [(Variable or (optimizer, variable, slot name), entry key or None
+    for zeros)], `unrestored` {tracked key: why the file did not restore it}."""
+
+    def __init__(self, file, variables, plain, optimizers, slots):
+        self.file, self.path = file, file.path
+        self.variables, self.plain, self.slots = variables, plain, slots
+        self.path_of = {id(v): p for p, v in plain.items()}
+        self.writes, self.unrestored, self._values = [], {}, {}
+        for p, opt in optimizers.items():
+            self._check_type(p, opt)
+        hyper = {f"{p}/hyper/{_escape(name)}" for p, opt in optimizers.items()
+                 for name in getattr(opt, "_hyper", {})}
+        for key, var in variables.items():
+            if key in slots:
+                continue                               # per optimizer, below
+            if key in file.entries:
+                self._check(key, var, f"variable {var.name!r}")
+                self.writes.append((var, key))
+            elif key in hyper:                         # saved before hyper-parameters were
+                self.unrestored[key] = "kept its value: the file predates saved hyper-parameters"
+            else:
+                raise CheckpointError(f"{self.path}: tracked variable '{key}' ({var.name!r}, "
+                                      f"{describe(var.shape, var.dtype)}) is absent from the "
+                                      "file")
+        for p, opt in optimizers.items():
+            self._plan_slots(p, opt)
+
+    def value(self, key):
+        if key not in self._values:
+            self._values[key] = self.file.read(key)
+        return self._values[key]
+
+    def _check(self, key, var, what) -> None:
+        entry = self.file.entries[key]
+        if entry.shape != tuple(var.shape) or entry.dtype != var.dtype:
+            raise CheckpointError(f"{self.path}: entry '{key}': {what} has "
+                                  f"{describe(var.shape, var.dtype)}, the file has "
+                                  f"{describe(entry.shape, entry.dtype)}")
+
+    # ---------------------------------------------------------------- optimizers
+    def _check_type(self, p, opt) -> None:
+        """Another optimizer's state is refused: by the recorded type, or, in a file from
+        before types were recorded, by its hyper-parameter and slot names."""
+        theirs = sorted(k for k in self.file.entries if k.startswith(f"{p}/"))
+        mine = type(opt).__name__
+        recorded = self.file.optimizers.get(p)
+        if recorded is not None:
+            if recorded["type"] != mine:
+                raise CheckpointError(
+                    f"{self.path}: the entries {_names(theirs)} hold the state of a "
+                    f"{recorded['type']} optimizer; '{p}' here is a {mine}. Restore it into a "
+                    f"{recorded['type']}, or track only the model to leave '{p}' as it is")
+            return
+        hyper = {_unescape(k[len(f"{p}/hyper/"):]) for k in theirs
+                 if k.startswith(f"{p}/hyper/")}
+        live_hyper = set(getattr(opt, "_hyper", {}))
+        slot_names, live_slots = self._file_slot_names(p), {n for _, n in opt._slots}
+        if (hyper and hyper != live_hyper) or (slot_names and live_slots
+                                               and slot_names != live_slots):
+            raise CheckpointError(
+                f"{self.path}: the entries {_names(theirs)} hold another optimizer's state "
+                f"(hyper-parameters {sorted(hyper)}, slots {sorted(slot_names)}); '{p}' here "
+                f"is a {mine} (hyper-parameters {sorted(live_hyper)}, slots "
+                f"{sorted(live_slots)})")
+
+    def _file_slots(self, p) -> dict:
+        """{tracked variable path: {slot name: entry key}} of the file's slots of `p`."""
+        prefix, found = f"{p}/slots/", {}
+        for key in self.file.entries:
+            if key.startswith(prefix):
+                var_path, _, name = key[len(prefix):].rpartition("/")
+                if var_path in self.plain:     # else: nothing tracks that variable here
+                    found.setdefault(var_path, {})[_unescape(name)] = key
+        return found
+
+    def _file_slot_names(self, p) -> set:
+        recorded = self.file.optimizers.get(p)
+        if recorded is not None:
+            return set(recorded["slots"])
+        return {name for names in self._file_slots(p).values() for name in names}
+
+    def _plan_slots(self, p, opt) -> None:
+        """Each slot of a tracked variable: from the file; a missing one is an error when the
+        file's optimizer has taken steps (zeros would silently restart its averages), else
+        zeros, its initial value."""
+        have, live = self._file_slots(p), {}
+        for key, (owner, var, name) in self.slots.items():
+            if owner is opt:
+                live.setdefault(self.path_of[id(var)], {})[name] = key
+        names, missing = self._file_slot_names(p), []
+        for var_path in sorted(set(have) | set(live)):
+            var, in_file = self.plain[var_path], have.get(var_path, {})
+            for name, key in sorted(in_file.items()):
+                self._check(key, var, f"the {name!r} slot of variable {var.name!r}")
+                self.writes.append((self.variables.get(key, (opt, var, name)), key))
+            for name in sorted((set(live.get(var_path, {})) | (names if in_file else set()))
+                               - set(in_file)):
+                key = f"{p}/slots/{var_path}/{_escape(name)}"
+                missing.append(key)
+                if key in self.slots:                  # before the first step: zeros
+                    self.writes.append((self.variables[key], None))
+                    self.unrestored[key] = "reset to zeros: the file has no such slot"
+        steps = int(self.value(f"{p}/iterations")) if missing else 0
+        if steps > 0:
+            raise CheckpointError(
+                f"{self.path}: the {type(opt).__name__} optimizer '{p}' had taken {steps} "
+                f"steps, but the file lacks its slots {_names(missing)}; restoring would reset "
+                "them to zeros. The file is incomplete or from another optimizer")
+
+
+class RestoreStatus:
+    """What Checkpoint.restore did, as TensorFlow's load status: `assert_consumed()` raises
+    unless every entry of the file was used and every tracked value restored,
+    `assert_existing_objects_matched()` only the latter. A partial restore whose status is
+    dropped unchecked logs a warning, unless `expect_partial()` said it is intended.
+
+    Slots the optimizer has not made yet are made by restore itself, so no value is ever
+    left pending for later: a restore is complete or not when it returns."""
+
+    def __init__(self, path: str, unused: list, unrestored: dict):
+        self.path, self.unused, self.unrestored = path, unused, dict(unrestored)
+        self._silent = not (unused or unrestored)
+
+    def assert_consumed(self) -> RestoreStatus:
+        self._silent = True
+        if self.unused or self.unrestored:
+            raise CheckpointError(f"{self.path}: the restore was partial: {self._what()}")
+        return self
+
+    def assert_existing_objects_matched(self) -> RestoreStatus:
+        self._silent = True
+        if self.unrestored:
+            raise CheckpointError(f"{self.path}: the file did not restore every tracked value: "
+                                  f"{self._unrestored_text()}")
+        return self
+
+    def expect_partial(self) -> RestoreStatus:
+        """Say a partial restore is intended (no warning when the status is dropped)."""
+        self._silent = True
+        return self
+
+    def _unrestored_text(self) -> str:
+        return "; ".join(f"'{k}' {why}" for k, why in sorted(self.unrestored.items()))
+
+    def _what(self) -> str:
+        parts = []
+        if self.unused:
+            parts.append(f"entries nothing tracks: {_names(self.unused)}")
+        if self.unrestored:
+            parts.append(f"tracked values the file did not restore: {self._unrestored_text()}")
+        return "; ".join(parts)
+
+    def __del__(self):
+        if not self._silent:
+            try:
+                logger.warning("%s: the restore was partial (%s); call .expect_partial() on "
+                               "the status restore returns if that is intended, or "
+                               ".assert_consumed() to make it an error", self.path,
+                               self._what())
+            except Exception:  # noqa: BLE001 - the interpreter may be shutting down
+                pass
+
+    def __repr__(self) -> str:
+        return (f"<RestoreStatus {self.path!r}: {len(self.unused)} unused entries, "
+                f"{len(self.unrestored)} tracked values not restored>")
 
 
 def _workers(variables):
@@ -225,134 +375,5 @@ def _workers(variables):
     return None
 
 
-# A save writes `.NAME.HOST.PID.RANDOM.tmp` beside NAME, then renames it over NAME. A save
-# killed part-way leaves that temp file behind; the next save to NAME removes the stale ones:
-# of a dead process on this host, or (any host, or the older `.NAME.RANDOM.tmp` form)
-# untouched for STALE_TEMP_S, longer than any save goes without writing. A concurrent save's
-# temp file (a live process, recently written) is left alone.
-STALE_TEMP_S = 30 * 60
-_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:32] or "host"
-
-
-def _temp_pattern(path: str):
-    return re.compile(rf"\.{re.escape(os.path.basename(path))}\."
-                      r"(?:(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.)?[0-9a-f]{8}\.tmp")
-
-
-def _pid_alive(pid: int) -> bool:
-    if os.name != "posix":
-        return True                               # no cheap check: go by age alone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:                               # EPERM: alive, another user's
-        return True
-    return True
-
-
-def remove_stale_temps(path: str) -> list[str]:
-    """Remove the temp files that killed saves to `path` left behind; returns their paths."""
-    directory = os.path.dirname(path) or "."
-    pattern, removed = _temp_pattern(path), []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    now = time.time()
-    for name in names:
-        m = pattern.fullmatch(name)
-        if m is None:
-            continue
-        full = os.path.join(directory, name)
-        try:
-            old = now - os.stat(full).st_mtime > STALE_TEMP_S
-        except OSError:                           # gone already (another saver cleaned it)
-            continue
-        dead = m["host"] == _HOST and not _pid_alive(int(m["pid"]))
-        if old or dead:
-            try:
-                os.unlink(full)
-                removed.append(full)
-            except OSError:
-                pass
-    return removed
-
-
-def _write_atomically(path: str, arrays: dict) -> None:
-    remove_stale_temps(path)
-    # temp file in the target's directory (os.replace must not cross filesystems), created
-    # with mode 0o666 so the umask applies as for any new file
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{_HOST}."
-                       f"{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for key, value in arrays.items():    # what np.savez writes, with free names
-                    with zf.open(f"{key}.npy", "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, np.asarray(value),
-                                                  allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:                                          # make the rename itself durable
-        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
-def _read(path: str) -> dict:
-    """Every entry of the file as {key: array}; CheckpointError for anything unreadable."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            members = {}
-            for info in zf.infolist():         # zf.read checks each member's CRC
-                name = info.filename.removesuffix(".npy")
-                members[name] = np.lib.format.read_array(io.BytesIO(zf.read(info)),
-                                                         allow_pickle=False)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such checkpoint file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({e})") from e
-    if META not in members:
-        raise CheckpointError(f"{path}: not a graphdist checkpoint (no {META} entry)")
-    try:
-        meta = json.loads(members.pop(META).tobytes().decode())
-        entries = meta["entries"]
-        assert meta["format"] == FORMAT
-        version = int(meta["version"])
-    except (ValueError, KeyError, TypeError, AssertionError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt checkpoint metadata ({e!r})") from e
-    if version > VERSION:
-        raise CheckpointError(f"{path}: format version {version} is newer than this graphdist "
-                              f"reads ({VERSION}); upgrade graphdist")
-    for key, entry in entries.items():
-        got = members.get(key)
-        if got is not None and entry.get("bits") is not None:   # bfloat16 kept as its bits
-            if got.dtype.name != entry["bits"] or entry.get("dtype") not in _BITS:
-                raise CheckpointError(f"{path}: corrupt entry '{key}': the metadata says "
-                                      f"{entry.get('dtype')} stored as {entry['bits']}, the "
-                                      f"data is {got.dtype.name}")
-            members[key] = got = got.view(as_dtype(entry["dtype"]))
-        if got is None or got.shape != tuple(entry["shape"]) or got.dtype.name != entry["dtype"]:
-            found = "missing" if got is None else _describe(got.shape, got.dtype)
-            raise CheckpointError(f"{path}: corrupt entry '{key}': the metadata says "
-                                  f"{_describe(entry['shape'], entry['dtype'])}, the data is "
-                                  f"{found}")
-    return members
-
-
-__all__ = ["Checkpoint", "CheckpointError"]
+__all__ = ["Checkpoint", "CheckpointError", "RestoreStatus", "STALE_TEMP_S",
+           "remove_stale_temps"]

@@ -177,7 +177,7 @@ def test_hyperparameters_are_saved_and_restored_into_a_compiled_step(tmp_path):
 
 
 def test_a_checkpoint_from_before_hyperparameter_state_keeps_constructor_values(tmp_path):
-    from graphdist.checkpoint import META, _write_atomically
+    from graphdist.checkpoint_format import META, write_atomically
 
     w = gd.Variable(np.ones(2))
     opt = gd.optimizers.Adam(0.01)
@@ -189,7 +189,7 @@ def test_a_checkpoint_from_before_hyperparameter_state_keeps_constructor_values(
     meta["entries"] = {k: e for k, e in meta["entries"].items() if "/hyper/" not in k}
     arrays[META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     old = str(tmp_path / "old.npz")
-    _write_atomically(old, arrays)
+    write_atomically(old, arrays)
     w2 = gd.Variable(np.zeros(2))
     opt2 = gd.optimizers.Adam(0.002, beta_1=0.5)
     Checkpoint(w=w2, opt=opt2).restore(old)
@@ -247,7 +247,7 @@ def test_sync_on_read_and_mirrored_restore_into_fewer_replicas(tmp_path, n):
     dst = {k: _replicated(np.zeros_like(v.numpy()), dev, v.synchronization, v.aggregation)
            for k, v in src.items()}
     Checkpoint(**dst).restore(path)
-    assert [float(c) for c in dst["sum"].values] == [12 / n] * n
+    assert len(dst["sum"].values) == n and dst["sum"].numpy() == 12
     assert [list(c) for c in dst["mean"].values] == [[3.0, -3.0]] * n
     assert [float(c) for c in dst["first"].values] == [5.0] * n
     assert sum(int(c) for c in dst["isum"].values) == 11 and dst["isum"].numpy() == 11
