@@ -248,9 +248,9 @@ class _RestorePlan:
         if recorded is not None:
             if recorded["type"] != mine:
                 raise CheckpointError(
-                    f"{self.path}: the entries {_names(theirs)} hold the state of a "
-                    f"{recorded['type']} optimizer; '{p}' here is a {mine}. Restore it into a "
-                    f"{recorded['type']}, or track only the model to leave '{p}' as it is")
+                    f"{self.path}: the entries {_names(theirs)} hold the state of an optimizer "
+                    f"of type {recorded['type']}; '{p}' here is of type {mine}. Restore into "
+                    f"the same type, or track only the model to leave '{p}' as it is")
             return
         hyper = {_unescape(k[len(f"{p}/hyper/"):]) for k in theirs
                  if k.startswith(f"{p}/hyper/")}
@@ -261,7 +261,7 @@ class _RestorePlan:
             raise CheckpointError(
                 f"{self.path}: the entries {_names(theirs)} hold another optimizer's state "
                 f"(hyper-parameters {sorted(hyper)}, slots {sorted(slot_names)}); '{p}' here "
-                f"is a {mine} (hyper-parameters {sorted(live_hyper)}, slots "
+                f"is of type {mine} (hyper-parameters {sorted(live_hyper)}, slots "
                 f"{sorted(live_slots)})")
 
     def _file_slots(self, p) -> dict:
