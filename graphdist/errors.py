@@ -13,7 +13,19 @@ class ShapeError(ValueError):
 
 
 class TraceError(RuntimeError):
-    """User code did something tracing cannot capture (data-dependent Python control flow...)."""
+    """User code did something tracing cannot capture (data-dependent Python control flow...).
+
+    The message ends with the user's source line, as every error raised while tracing
+    does: `where` ('file.py:14  <source line>'; a variable's first use, say, for an error
+    found after the trace) or, by default, the innermost frame outside graphdist when the
+    error is made. A message that already names its line is kept as it is."""
+
+    def __init__(self, message: str = "", where: str | None = None):
+        if where is None:
+            where = user_frame_text()
+        if where and "\n  while tracing  " not in message:
+            message = f"{message}\n  while tracing  {where}"
+        super().__init__(message)
 
 
 class GraphError(AssertionError):
@@ -57,3 +69,12 @@ def user_frame_text(tb=None) -> str:
         return ""
     filename, lineno = where
     return f"{os.path.basename(filename)}:{lineno}  {linecache.getline(filename, lineno).strip()}"
+
+
+def first_use_text(graph, ref) -> str:
+    """The source line of the first node of `graph` that reads or writes the variable whose
+    StateRef is `ref` ('' if none says): where an error found after tracing points."""
+    for eqn in graph.eqns:
+        if any(value == ref for name, value in eqn.params if name == "var") and eqn.source:
+            return eqn.source
+    return ""

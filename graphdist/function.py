@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import itertools
 import threading
 import time
 
@@ -18,6 +19,24 @@ from graphdist.pytree import flatten, unflatten
 from graphdist.device.backends import is_device_array
 from graphdist.errors import user_frame_text
 from graphdist.trace import Tensor, Tracer, tracing
+
+# How many signatures one gd.function keeps compiled. Each holds a traced graph, its
+# compiled programs and their buffers, so a function called with ever-new shapes (a
+# retrace storm) would otherwise grow without limit; the least recently used one goes, and
+# traces again if it comes back. 64 is far above what a training loop needs (a few).
+MAX_SIGNATURES = 64
+# From this trace on, every retrace logs a warning saying what changed (TF warns at about
+# the same count): a function that keeps retracing compiles on every call.
+RETRACE_WARNING_FROM = 6
+
+# Programs that touch variables run one at a time. One signature's program already did
+# (Program.lock), but two signatures' programs updating the same variable in two threads
+# lost updates (v.assign_add(1) from 8 threads x 500 calls kept 3,380 of 4,000 whenever
+# some calls retraced). One lock for every stateful step also covers two functions sharing
+# a variable; it costs one uncontended acquisition per call, and steps gain little from
+# running side by side on a host whose BLAS serializes concurrent calls anyway.
+_STATE_LOCK = threading.RLock()
+_use_clock = itertools.count(1)     # Compiled.last_used: the LRU's order
 
 
 def _leaf_spec(leaf, path):
@@ -73,6 +92,8 @@ class Compiled:
         self.executable = executable(plan, variables, shared_results=shared_results)
         self.feeds = feeds           # per replica: indices of the call's leaves it takes
         self.profiled = None         # the instrumented executable, built on first profile
+        self.stateful = bool(variables)
+        self.last_used = next(_use_clock)
 
     def rebuild(self, profile: bool):
         from graphdist.runtime.executable import executable
@@ -83,14 +104,22 @@ class Compiled:
     def replicated_graph(self) -> Graph:
         return self.executable.graph
 
-    def __call__(self, leaves, executable=None):
-        arrays = [leaves[i] for feed in self.feeds for i in feed]
+    def run(self, arrays, executable=None):
+        """Run the executable (or `executable`, its profiled twin) on the fed arrays; a
+        program that touches variables holds _STATE_LOCK while it reads and writes them."""
+        run = executable or self.executable
         try:
-            per_device = (executable or self.executable)(arrays)
+            if not self.stateful:
+                return run(arrays)
+            with _STATE_LOCK:
+                return run(arrays)
         except BaseException as e:
             if self.plan.on_failure is not None:
                 self.plan.on_failure(e)
             raise
+
+    def __call__(self, leaves, executable=None):
+        per_device = self.run([leaves[i] for feed in self.feeds for i in feed], executable)
         out, k, shared_seen = [], 0, 0
         for kind in self.out_kinds:
             if kind[0] == "static":
@@ -155,9 +184,13 @@ class Function:
         self.__name__ = getattr(fn, "__name__", "function")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.trace_count = 0
-        self._cache: dict = {}
-        self._last = None
+        self._cache: dict = {}       # signature -> Compiled, at most MAX_SIGNATURES of them
+        self._last = None            # the signature of the latest trace
+        self._last_compiled = None
         self._lock = threading.RLock()
+        # gd.Variables may be made on the first trace only (as in tf.function); True once a
+        # trace has run to its end
+        self._first_trace_done = False
         try:
             self._params = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
@@ -177,7 +210,7 @@ class Function:
         if current_tracer() is not None:      # called from traced code: inline
             return self.fn(*args, **kwargs)
         leaves, key = self._signature(args, kwargs)
-        compiled = self._cache.get(key)
+        compiled = self._lookup(key)
         if compiled is None:     # trace, compile and the first run (Numba kernels load)
             with slow_notice(f"compiling gd.function {self.__name__} for a new signature "
                              "(tracing, compile passes, the first step, and the Numba kernels "
@@ -209,23 +242,49 @@ class Function:
         return path
 
     def _explain(self, key) -> None:
-        if not config._state["explain_retraces"] or self._last is None:
+        """Log what changed since the previous trace: on every retrace with
+        gd.config.explain_retraces(True), and from trace RETRACE_WARNING_FROM on always."""
+        if self._last is None:
             return
-        old_tree, old_specs, old_fused, old_precision = self._last
-        tree, specs, fused, precision = key
+        trace = self.trace_count + 1
+        often = trace >= RETRACE_WARNING_FROM
+        if not (often or config._state["explain_retraces"]):
+            return
+        hint = ("; it traces and compiles again for every new signature: keep shapes, "
+                "dtypes and Python arguments the same from call to call (pad the last "
+                "batch, say)" if often else "")
+        config.logger.warning("gd.function %s retraced (trace %d): %s%s", self.__name__,
+                              trace, self._changes(self._last, key), hint)
+
+    def _changes(self, old, new) -> str:
+        """What differs between two signatures, old -> new."""
+        old_tree, old_specs, old_fused, old_precision = old
+        tree, specs, fused, precision = new
         if old_tree != tree:
-            what = "the structure of the arguments changed"
-        elif old_fused != fused:
-            what = f"fused kernels: {old_fused} -> {fused}"
-        elif old_precision != precision:
-            what = f"precision: {old_precision} -> {precision}"
-        else:
-            _, paths, _ = flatten(unflatten(tree, list(range(len(specs)))))
-            changes = [f"{self._path_name(p)}: {_spec_text(a)} -> {_spec_text(b)}"
-                       for p, a, b in zip(paths, old_specs, specs) if a != b]
-            what = "; ".join(changes)
-        config.logger.warning("gd.function %s retraced (trace %d): %s", self.__name__,
-                              self.trace_count + 1, what)
+            return "the structure of the arguments changed"
+        if old_fused != fused:
+            return f"fused kernels: {old_fused} -> {fused}"
+        if old_precision != precision:
+            return f"precision: {old_precision} -> {precision}"
+        _, paths, _ = flatten(unflatten(tree, list(range(len(specs)))))
+        return "; ".join(f"{self._path_name(p)}: {_spec_text(a)} -> {_spec_text(b)}"
+                         for p, a, b in zip(paths, old_specs, specs) if a != b)
+
+    def _lookup(self, key) -> Compiled | None:
+        """The cached trace of a signature, marked as just used (for the LRU)."""
+        compiled = self._cache.get(key)
+        if compiled is not None:
+            compiled.last_used = next(_use_clock)
+        return compiled
+
+    def _remember(self, key, compiled: Compiled) -> None:
+        """Cache a new trace, dropping the least recently used one when MAX_SIGNATURES are
+        kept (under self._lock). Its variables live on: a signature that comes back traces
+        again and reuses them, as the function's variables are made on its first trace."""
+        while len(self._cache) >= max(1, MAX_SIGNATURES):
+            oldest = min(self._cache, key=lambda k: self._cache[k].last_used)
+            del self._cache[oldest]
+        self._cache[key] = compiled
 
     # ------------------------------------------------------------ tracing
     def _compile(self, key, leaves, args, kwargs) -> Compiled:
@@ -237,14 +296,19 @@ class Function:
             # cyclic GC keeps compile time linear (50k nodes: 3.4 s -> 2.9 s)
             enabled = gc.isenabled()
             gc.disable()
+            first = not self._first_trace_done
             try:
                 compiled = self._build(key, leaves)
+            except BaseException:
+                if first:          # nothing compiled yet: the next call is a first trace
+                    self._first_trace_done = False
+                raise
             finally:
                 if enabled:
                     gc.enable()
             self.trace_count += 1
-            self._cache[key] = compiled
-            self._last = key
+            self._remember(key, compiled)
+            self._last, self._last_compiled = key, compiled
             return compiled
 
     def _build(self, key, leaves) -> Compiled:
@@ -336,6 +400,8 @@ class Function:
         indices, paths, view_tree = flatten(view)
         tracer = Tracer()
         tracer.replica_shapes_known = known
+        if self._first_trace_done:
+            tracer.refuse_variables = self._retrace_text(known is not None or stages is None)
         start = time.perf_counter()
         with tracing(tracer):
             traced = [tracer.new_arg(ArrayType(specs[i][1], specs[i][2]),
@@ -349,6 +415,7 @@ class Function:
                 if not where:
                     raise
                 raise type(e)(f"{e}\n  while tracing  {where}") from None
+            self._first_trace_done = True
             out_leaves, _, out_tree = flatten(out, leaf_types=(LocalValue,))
             results, kinds = [], []
             for leaf in out_leaves:
@@ -366,16 +433,28 @@ class Function:
         graph = pipeline.logical(tracer.graph(results), stages, time.perf_counter() - start)
         return graph, out_tree, kinds, tracer.strategy, tracer.replica_shapes_seen
 
+    def _retrace_text(self, for_shards: bool) -> str:
+        """Why a trace may not create variables (Tracer.refuse_variables)."""
+        if for_shards:
+            why = "traces again for another replica's shard shapes"
+        else:
+            why = f"retraces for a new signature (trace {self.trace_count + 1})"
+        return (f"gd.function {self.__name__} {why}, and this trace creates it again. A "
+                "gd.function creates variables on its first trace only, as tf.function "
+                "('singleton variables created on the first call'): a fresh variable on each "
+                "retrace would silently drop the state. Create it outside the function, or "
+                "once (if self.v is None: self.v = gd.Variable(...))")
+
     # ------------------------------------------------------------ inspection
     def _entry(self, args, kwargs) -> Compiled:
         leaves, key = self._signature(args, kwargs)
-        return self._cache.get(key) or self._compile(key, leaves, args, kwargs)
+        return self._lookup(key) or self._compile(key, leaves, args, kwargs)
 
     def _latest(self) -> Compiled:
-        if self._last is None:
+        if self._last_compiled is None:
             raise ValueError(f"gd.function {self.__name__} has not been traced yet; call it "
                              "or use get_graph(*args)")
-        return self._cache[self._last]
+        return self._last_compiled
 
     @property
     def graph(self) -> Graph:
@@ -406,18 +485,19 @@ class Function:
 
     def profile(self, *args, path=None, **kwargs) -> dict:
         """Run one step with a timer around every node; returns (and writes to `path`) the
-        Chrome trace event object: one lane per device, one event per node."""
+        Chrome trace event object: one lane per device, one event per node. It first waits
+        for the kernels still loading in the background, so no node is charged for them."""
         from graphdist.runtime.profile import chrome_trace, write_trace
 
         leaves, key = self._signature(args, kwargs)
-        compiled = self._cache.get(key) or self._compile(key, leaves, args, kwargs)
+        compiled = self._lookup(key) or self._compile(key, leaves, args, kwargs)
         if compiled.profiled is None:
             compiled.profiled = compiled.rebuild(True)
         executable = compiled.profiled
         for program in executable.programs:
             program.events.clear()
-        arrays = [leaves[i] for feed in compiled.feeds for i in feed]
-        executable(arrays)
+        _kernels_loaded()
+        compiled.run([leaves[i] for feed in compiled.feeds for i in feed], executable)
         trace = chrome_trace(executable, self.__name__)
         if path is not None:
             write_trace(trace, path)
@@ -443,7 +523,7 @@ class Function:
                 if profile and compiled is not None and (key[0], key[1]) != (tree, specs):
                     raise ValueError(f"gd.function {self.__name__}: a profiled run of many "
                                      "calls needs one signature; the arguments changed")
-                compiled = self._cache.get(key)
+                compiled = self._lookup(key)
                 if compiled is None:
                     with slow_notice(f"compiling gd.function {self.__name__} for a new "
                                      "signature"):
@@ -454,6 +534,7 @@ class Function:
             else:
                 if compiled.profiled is None:
                     compiled.profiled = compiled.rebuild(True)
+                    _kernels_loaded()
                 start = time.perf_counter()
                 result = compiled(leaves, compiled.profiled)
                 bounds.append((start, time.perf_counter()))
@@ -476,6 +557,16 @@ class Function:
             return ("# the Numba kernels below are still loading: until they have, their calls "
                     "run their numpy forms (the same bits)\n" + entry.executable.source)
         return entry.executable.source
+
+
+def _kernels_loaded() -> None:
+    """Before a profiled run: wait for the kernels still loading in the background
+    (runtime/warmup.py), as gd.benchmark does before it times. A profile right after a
+    first call otherwise charged their loading (325 ms) to the node whose kernel was still
+    loading, in a 7 ms step."""
+    from graphdist.runtime import warmup
+
+    warmup.wait()
 
 
 def _same_arrays(leaves, specs) -> bool:

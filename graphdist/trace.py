@@ -34,8 +34,9 @@ class Tensor(Operators, Symbolic):
         return f"<gd.Tensor {self.var.ty}{' ' + hint if hint else ''}>"
 
     def __bool__(self):
-        raise TraceError("a symbolic gd.Tensor has no truth value while tracing; Python "
-                         "control flow runs at trace time, so branch on shapes or use gd.where")
+        raise TraceError(f"bool() of {self!r} (an `if`, `while`, `and`/`or` on it): a symbolic "
+                         "gd.Tensor has no truth value while tracing; Python control flow runs "
+                         "at trace time, so branch on shapes or use gd.where")
 
     def __len__(self) -> int:
         if not self.shape:
@@ -46,8 +47,9 @@ class Tensor(Operators, Symbolic):
         return (self[i] for i in range(len(self)))
 
     def __array__(self, dtype=None, copy=None):
-        raise TraceError("a symbolic gd.Tensor cannot become a numpy array while tracing; "
-                         "return it from the gd.function to get its value")
+        raise TraceError(f"np.asarray() of {self!r} (numpy's __array__): a symbolic "
+                         "gd.Tensor cannot become a numpy array while tracing; use gd ops on "
+                         "it, or return it from the gd.function to get its value")
 
     def eager_value(self):
         raise TraceError(f"{self!r} belongs to a trace that has finished (a leaked tensor)")
@@ -73,6 +75,9 @@ class Tracer:
         # replica_shapes): this replica's, in order, and every replica's when gd.function knows
         self.replica_shapes_seen: list = []
         self.replica_shapes_known: list | None = None
+        # None: gd.Variables may be made in this trace; else why not (gd.function allows it
+        # on a function's first trace only)
+        self.refuse_variables: str | None = None
 
     # ------------------------------------------------------------ values
     def new_arg(self, ty: ArrayType, hint: str | None) -> Tensor:
@@ -120,6 +125,12 @@ class Tracer:
         return outs
 
     # ------------------------------------------------------------ variables
+    def creating_variable(self, name) -> None:
+        """gd.Variable calls this before making a variable inside this trace."""
+        if self.refuse_variables is not None:
+            what = f"gd.Variable {name!r}" if name else "a gd.Variable (unnamed)"
+            raise TraceError(f"{what} is created inside traced code: {self.refuse_variables}")
+
     def state_of(self, variable) -> Var:
         now = self.state_now.get(variable)
         if now is None:
