@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from graphdist import config
 from graphdist.device.names import is_gpu
-from graphdist.errors import TraceError
+from graphdist.errors import TraceError, first_use_text
 from graphdist.ir import Graph
 from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code, place,
                               run_passes, schedule)
@@ -85,12 +85,15 @@ def device_of(g: Graph, default: str) -> str:
     devices = {v.devices for v in g.variables}
     if len(devices) > 1:
         names = ", ".join(f"{v.name} on {list(v.devices)}" for v in g.variables)
-        raise TraceError(f"one step uses variables placed on different devices: {names}")
+        raise TraceError(f"one step uses variables placed on different devices: {names}",
+                         first_use_text(g, next(v for v in g.variables
+                                                if v.devices != g.variables[0].devices)) or None)
     if devices:
         (devs,) = devices
         if len(devs) > 1:
             raise TraceError(f"variables {[v.name for v in g.variables]} are mirrored on "
-                             f"{list(devs)}; run the step through that strategy's run()")
+                             f"{list(devs)}; run the step through that strategy's run()",
+                             first_use_text(g, g.variables[0]) or None)
         return devs[0]
     return default
 
@@ -111,7 +114,8 @@ def replicated(graphs: list[Graph], strategy, shared_args=(),
     for v in graphs[0].variables:
         if tuple(v.devices) != devices:
             raise TraceError(f"variable '{v.name}' lives on {list(v.devices)} but the step runs "
-                             f"on {list(devices)}; create it under strategy.scope()")
+                             f"on {list(devices)}; create it under strategy.scope()",
+                             first_use_text(graphs[0], v) or None)
     mode = config.device_concurrency()
     gpu = any(map(is_gpu, devices))
     across = strategy.cross_device_ops.lowering == "mpi"     # workers in other processes
