@@ -91,6 +91,9 @@ class Variable(Operators, Symbolic):
     def __init__(self, initial_value, name=None, trainable=True, dtype=None,
                  synchronization=VariableSynchronization.AUTO,
                  aggregation=VariableAggregation.NONE, *, _devices=None, _strategy=None):
+        tracer = current_tracer()
+        if tracer is not None:      # a gd.function's retrace may not make one (trace.py)
+            tracer.creating_variable(name)
         value = _initial_array(initial_value, dtype)
         self._sync = _enum(VariableSynchronization, synchronization, "synchronization")
         self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
