@@ -172,14 +172,11 @@ class Variable(Operators, Symbolic):
         parts = [self._host(k) for k in range(len(self._values))]
         if agg is VariableAggregation.ONLY_FIRST_REPLICA:
             return self._strategy._from_chief(parts[0]) if total > len(parts) else parts[0]
-        if total > len(parts):                  # the other workers' components too
-            local = np.sum(parts, axis=0, dtype=self.dtype)
-            whole = self._strategy._sum_across_workers(local)
-            return whole if agg is VariableAggregation.SUM else np.asarray(
-                whole / self.dtype.type(total), self.dtype)
-        if agg is VariableAggregation.SUM:
-            return np.sum(parts, axis=0, dtype=self.dtype)
-        return np.mean(parts, axis=0, dtype=self.dtype)
+        across = self._strategy if total > len(parts) else None   # other workers' parts too
+        if agg is VariableAggregation.MEAN:
+            return sync.exact_eager_mean(parts, total, across)
+        local = np.sum(parts, axis=0, dtype=self.dtype)
+        return local if across is None else across._sum_across_workers(local)
 
     def numpy(self) -> np.ndarray:
         """A copy of the value (the aggregate, for sync-on-read variables)."""
