@@ -24,6 +24,7 @@ import time
 import uuid
 import zipfile
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,25 +38,25 @@ MAX_NDIM = 64
 MAX_HEADER_BYTES = 10_000          # numpy's own bound on a .npy header
 CHUNK = 1 << 20                    # decompress at most this much per read
 _READABLE = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
-# what zipfile and numpy's header parser raise on damaged input
+# what zipfile, zlib and the file system raise on damaged input
 _DAMAGE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, struct.error,
-           RuntimeError, NotImplementedError, SyntaxError, KeyError, IndexError, TypeError,
-           OverflowError)
+           RuntimeError, NotImplementedError)
 _MISSING = object()                # a metadata key that is absent (as opposed to null)
 _KINDS = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)",
           stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
           stat.S_ISSOCK: "a socket"}
 
 
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One entry as the metadata declares it: shape, dtype (bfloat16 for one stored as its
     bits), the dtype its .npy holds, and its zip member."""
 
-    __slots__ = ("key", "shape", "dtype", "stored", "member")
-
-    def __init__(self, key, shape, dtype, stored, member):
-        self.key, self.shape, self.dtype, self.stored, self.member = (key, shape, dtype,
-                                                                      stored, member)
+    key: str
+    shape: tuple
+    dtype: np.dtype
+    stored: np.dtype
+    member: zipfile.ZipInfo
 
     @property
     def nbytes(self) -> int:
@@ -170,13 +171,16 @@ def _open_regular(path: str):
 
 
 def _members(zf, path) -> dict:
-    members, seen = {}, set()
+    """{entry key: zip member}; a key named twice (`w.npy` twice, or `w` and `w.npy`) is
+    refused: which copy a reader loads would be up to the reader."""
+    members = {}
     for info in zf.infolist():
-        if info.filename in seen:
-            raise CheckpointError(f"{path}: the zip member '{info.filename}' appears twice; "
-                                  "a checkpoint names each entry once")
-        seen.add(info.filename)
-        members[info.filename.removesuffix(".npy")] = info
+        key = info.filename.removesuffix(".npy")
+        if key in members:
+            raise CheckpointError(f"{path}: the zip member '{info.filename}' appears twice "
+                                  f"(as '{members[key].filename}' before); a checkpoint "
+                                  "names each entry once")
+        members[key] = info
     return members
 
 
