@@ -130,3 +130,27 @@ def test_mean_of_differing_components_is_their_rounded_mean(dtype):
     np.testing.assert_allclose(v.numpy(), want, rtol=np.finfo(dtype).eps)
     np.testing.assert_allclose(gd.function(lambda: v.read_value() * 1.0)(), want,
                                rtol=np.finfo(dtype).eps)
+
+
+# ---------------------------------------------------------------- a PerReplica is no number
+
+
+@pytest.mark.parametrize("convert", [float, int, bool, complex, lambda p: [0, 1, 2][p]],
+                         ids=["float", "int", "bool", "complex", "index"])
+def test_python_number_of_a_per_replica_says_how_to_reduce_it(convert):
+    strategy = _strategy(3)
+    losses = strategy.run(lambda: gd.cast(
+        gd.get_replica_context().replica_id_in_sync_group, "float32"))
+    assert isinstance(losses, gd.PerReplica)
+    with pytest.raises(TypeError, match=r"of a PerReplica.*gd.PerReplica of 3 values.*"
+                       r"strategy.reduce\(gd.ReduceOp.SUM or MEAN, value, axis=None\).*\.values"):
+        convert(losses)
+
+    @gd.function
+    def step():                                   # in traced code: the same advice
+        return convert(strategy.run(lambda: gd.cast(
+            gd.get_replica_context().replica_id_in_sync_group, "float32")))
+
+    with pytest.raises(TypeError, match=r"of a PerReplica.*strategy.reduce"):
+        step()
+    assert float(strategy.reduce(gd.ReduceOp.SUM, losses, axis=None)) == 0 + 1 + 2

@@ -97,6 +97,19 @@ class PerReplica:
     __neg__ = __pos__ = __abs__ = _operator("a unary operator")
     del _operator
 
+    def _conversion(name: str):
+        def refuse(self):
+            raise self._misuse(f"{name}() of a PerReplica (one number per replica)")
+        return refuse
+
+    # float(loss) of what strategy.run returned: say how to reduce it instead of Python's
+    # bare "must be a real number" (and, for bool, instead of a silent True)
+    __float__ = _conversion("float")
+    __int__ = __index__ = _conversion("int")
+    __complex__ = _conversion("complex")
+    __bool__ = _conversion("bool")
+    del _conversion
+
 
 class LocalValue(PerReplica):
     """Inside a trace: a per-replica value, represented by this replica's tensor (`local`).
