@@ -426,7 +426,8 @@ def test_malformed_metadata_and_entries_raise_checkpoint_error_and_change_nothin
     _assert_unchanged(ckpt, before)
 
 
-@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED],
+                         ids=["stored", "deflated"])
 def test_randomly_damaged_files_raise_checkpoint_error_or_restore(tmp_path, compression):
     """1000 seeded mutations (bytes overwritten, truncated, inserted) of a valid file: each
     restores the file's own values (damage where the zip reader does not look) or raises
@@ -606,7 +607,12 @@ def _zip_with_zeros(path, members, name, header, zeros):
     return str(path)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmSize from /proc")
 def test_hostile_sizes_are_refused_before_memory_is_spent(tmp_path):
+    """Under an address-space limit of 200 MB above what the process already maps: a 1 GiB
+    untracked entry (a zip bomb) is never decompressed, a tracked entry whose .npy header
+    declares 8 GiB is refused before allocating, and one whose zip member holds 512 MiB
+    after its 12 bytes is refused before reading them."""
     good = Checkpoint(w=gd.Variable(np.arange(3, dtype=np.float32), name="w")).save(
         tmp_path / "good.npz")
     members = _members(good)
