@@ -74,6 +74,22 @@ def _spec_text(spec) -> str:
     return repr(spec[2])
 
 
+def _structure_text(tree, specs, limit: int = 120) -> str:
+    """A pytree of leaf specs as text (consuming its leaves from the iterator `specs`)."""
+    if tree is None:
+        return _spec_text(next(specs))
+    kind = tree[0]
+    if kind is dict:
+        text = "{" + ", ".join(f"{k!r}: {_structure_text(t, specs)}"
+                               for k, t in zip(tree[1], tree[2])) + "}"
+    else:
+        inner = ", ".join(_structure_text(t, specs) for t in tree[1])
+        text = (f"{kind.__name__}({inner})" if hasattr(kind, "tree_children")
+                else f"[{inner}]" if issubclass(kind, list)
+                else f"({inner}{',' if len(tree[1]) == 1 else ''})")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class Compiled:
     """One signature's trace: the logical graph (replica 0's), the pipeline's plan and its
     executable, plus how call arguments feed it and how its results come back."""
@@ -261,7 +277,12 @@ class Function:
         old_tree, old_specs, old_fused, old_precision = old
         tree, specs, fused, precision = new
         if old_tree != tree:
-            return "the structure of the arguments changed"
+            before, after = self._argument_texts(old_tree, old_specs), \
+                self._argument_texts(tree, specs)
+            return "; ".join(f"{name}: {before.get(name, 'not passed')} -> "
+                             f"{after.get(name, 'not passed')}"
+                             for name in dict.fromkeys([*before, *after])
+                             if before.get(name) != after.get(name))
         if old_fused != fused:
             return f"fused kernels: {old_fused} -> {fused}"
         if old_precision != precision:
@@ -269,6 +290,17 @@ class Function:
         _, paths, _ = flatten(unflatten(tree, list(range(len(specs)))))
         return "; ".join(f"{self._path_name(p)}: {_spec_text(a)} -> {_spec_text(b)}"
                          for p, a, b in zip(paths, old_specs, specs) if a != b)
+
+    def _argument_texts(self, tree, specs) -> dict:
+        """Parameter name -> what was passed for it: its structure with each leaf's spec,
+        'PerReplica(f32[4,2], f32[4,2])', say (a structure change, explained)."""
+        leaves = iter(specs)
+        _, (args_tree, kwargs_tree) = tree
+        texts = {self._path_name(f"[0][{i}]"): _structure_text(t, leaves)
+                 for i, t in enumerate(args_tree[1])}
+        texts.update((str(k), _structure_text(t, leaves))
+                     for k, t in zip(kwargs_tree[1], kwargs_tree[2]))
+        return texts
 
     def _lookup(self, key) -> Compiled | None:
         """The cached trace of a signature, marked as just used (for the LRU)."""

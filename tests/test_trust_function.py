@@ -364,3 +364,56 @@ def test_a_profile_right_after_the_first_call_waits_for_the_kernels(_background_
     assert order == ["kernels loaded", "profiled"]
     assert not program.warming
     assert any(e.get("cat") == "compute" for e in trace["traceEvents"])
+
+
+# ---------------------------------------------------------------- plain vs PerReplica
+
+def _replica_step(strategy, w):
+    @gd.function
+    def step(x):
+        return strategy.run(lambda x: gd.reduce_sum(x * w), args=(x,))
+    return step
+
+
+def test_switching_between_a_plain_array_and_a_per_replica_traces_once_per_kind(caplog):
+    """A plain array reaches every replica whole, a gd.PerReplica gives each its own
+    component: two signatures, as tf.function's TensorSpec and PerReplicaSpec are (the body
+    sees a tensor in one case and per-replica values in the other, so the two traces may
+    differ: see the next test). Each is traced once, switching back and forth retraces
+    nothing more, and the retrace says what changed."""
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        w = gd.Variable(np.array([1.0, 2.0, 3.0, 4.0], np.float32), name="w")
+    step = _replica_step(strategy, w)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    shards = gd.PerReplica((x, x + 1))
+    plain_sum = float((x * w.numpy()).sum())
+    gd.config.explain_retraces(True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="graphdist"):
+            for _ in range(3):
+                assert [float(v) for v in step(x).values] == [plain_sum, plain_sum]
+                assert [float(v) for v in step(shards).values] == [
+                    float((s * w.numpy()).sum()) for s in shards.values]
+    finally:
+        gd.config.explain_retraces(False)
+    assert step.trace_count == 2
+    (warning,) = _retrace_warnings(caplog)
+    assert "x: f32[2,4] -> PerReplica(f32[2,4], f32[2,4])" in warning
+
+
+def test_a_per_replica_never_runs_on_a_trace_made_for_a_plain_array():
+    """Why the signatures differ: outside strategy.run a plain array is one tensor and a
+    PerReplica is not, so the same body may be valid for one and wrong for the other. A
+    shared signature would have run this body's plain-array trace on replica 0's
+    component alone."""
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+
+    @gd.function
+    def double(x):
+        return x * 2
+
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(double(x), x * 2)
+    with pytest.raises(TypeError, match="PerReplica"):
+        double(strategy.experimental_distribute_values_from_function(lambda ctx: x))
