@@ -78,6 +78,47 @@ def test_creating_a_variable_on_the_first_trace_still_works():
     assert [int(counter(x)) for _ in range(3)] == [k + int(x.sum()) for k in (1, 2, 3)]
 
 
+def test_uneven_shards_trace_again_without_making_the_variable_again():
+    """Uneven shards trace the body once per shard shape on the first call. A variable made
+    unconditionally would be made by each of those traces (a GraphError 'replicas captured
+    different variables' before); it is a TraceError naming the variable and the line. Made
+    once, every replica's trace shares it."""
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    shards = gd.PerReplica((np.ones((3, 2), np.float32), np.ones((2, 2), np.float32)))
+
+    def replica_fn_making(holder):
+        def replica_fn(x):
+            if "acc" not in holder:
+                holder["acc"] = gd.Variable(np.zeros((), np.float32), name="acc",
+                                            aggregation=gd.VariableAggregation.SUM)
+            holder["acc"].assign_add(gd.reduce_sum(x))
+            return holder["acc"].read_value()
+        return replica_fn
+
+    @gd.function
+    def every_trace(x):
+        return strategy.run(replica_fn_making({}), args=(x,))
+
+    with strategy.scope():
+        with pytest.raises(gd.TraceError) as info:
+            every_trace(shards)
+    text = str(info.value)
+    assert "gd.Variable 'acc'" in text and "another replica's shard shapes" in text
+    assert HERE in text and "holder[\"acc\"] = gd.Variable(" in text
+
+    made: dict = {}
+
+    @gd.function
+    def once(x):
+        return strategy.run(replica_fn_making(made), args=(x,))
+
+    with strategy.scope():
+        once(shards)
+        once(shards)
+    assert once.trace_count == 1
+    assert made["acc"].numpy() == 2 * sum(v.sum() for v in shards.values)
+
+
 # ---------------------------------------------------------------- concurrent calls
 
 @pytest.fixture
