@@ -154,3 +154,114 @@ def test_python_number_of_a_per_replica_says_how_to_reduce_it(convert):
     with pytest.raises(TypeError, match=r"of a PerReplica.*strategy.reduce"):
         step()
     assert float(strategy.reduce(gd.ReduceOp.SUM, losses, axis=None)) == 0 + 1 + 2
+
+
+# ---------------------------------------------------------------- optimizers
+
+
+def _mixed_float16_step(opt, **apply_kwargs):
+    model = gd.nn.Dense(3)
+    x = np.full((4, 5), 300.0, np.float32)        # float16 gradients of 300**2 * 4 overflow
+
+    @gd.function
+    def step(x):
+        with gd.GradientTape() as tape:
+            loss = gd.reduce_sum(gd.square(gd.cast(model(x), "float32")))
+        grads = tape.gradient(loss, model.trainable_variables)
+        return opt.apply_gradients(zip(grads, model.trainable_variables), **apply_kwargs)
+
+    return model, step, x
+
+
+@pytest.fixture
+def mixed_float16():
+    gd.config.set_precision("mixed_float16")
+    yield
+    gd.config.set_precision("float32")
+
+
+def test_plain_optimizer_under_mixed_float16_raises_naming_loss_scale_optimizer(
+        mixed_float16):
+    opt = gd.optimizers.SGD(0.1)
+    model, step, x = _mixed_float16_step(opt)
+    with pytest.raises(ValueError, match=r"(?s)SGD.apply_gradients under .*mixed_float16.*"
+                       r"LossScaleOptimizer\(SGD\(...\)\).*skip_loss_scale_check=True.*"
+                       r"at  test_trust_distribute.py:\d+ .*opt.apply_gradients"):
+        step(x)
+    before = [v.numpy() for v in model.trainable_variables]
+    with pytest.raises(ValueError, match="LossScaleOptimizer"):          # eagerly too
+        opt.apply_gradients([(np.ones(3, np.float32), model.trainable_variables[1])])
+    assert opt.iterations.numpy() == 0                                    # nothing changed
+    for v, b in zip(model.trainable_variables, before):
+        np.testing.assert_array_equal(v.numpy(), b)
+
+
+def test_loss_scale_optimizer_skips_the_overflowed_step_under_mixed_float16(mixed_float16):
+    opt = gd.optimizers.LossScaleOptimizer(gd.optimizers.SGD(0.1))
+    model, step, x = _mixed_float16_step(opt)
+    step(x)
+    assert opt.iterations.numpy() == 0 and opt.loss_scale.numpy() == 2.0**14   # skipped
+    assert all(np.all(np.isfinite(v.numpy())) for v in model.trainable_variables)
+
+
+def test_the_loss_scale_check_can_be_skipped_explicitly(mixed_float16):
+    opt = gd.optimizers.SGD(0.1)
+    model, step, x = _mixed_float16_step(opt, skip_loss_scale_check=True)
+    with np.errstate(all="ignore"):
+        step(x)                                  # the user's choice: the update is applied
+    assert opt.iterations.numpy() == 1
+    assert not np.all(np.isfinite(model.kernel.numpy()))    # what the check protects from
+    opt.apply_gradients([(np.ones(3, np.float32), model.bias)], skip_loss_scale_check=True)
+    assert opt.iterations.numpy() == 2
+
+
+def test_skipped_none_gradient_warns_once_per_variable(caplog):
+    used = gd.Variable(np.ones(2, np.float32), name="used")
+    unused = gd.Variable(np.ones(2, np.float32), name="unused_head")
+    plain = gd.optimizers.SGD(0.1)
+    scaled = gd.optimizers.LossScaleOptimizer(gd.optimizers.SGD(0.1))
+    for opt in (plain, scaled):
+        @gd.function
+        def step():
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_sum(used * 2.0)
+            grads = tape.gradient(loss, [used, unused])
+            assert grads[1] is None
+            return opt.apply_gradients(zip(grads, [used, unused]))
+
+        with caplog.at_level(logging.WARNING, logger="graphdist"):
+            caplog.clear()
+            step()
+            step()
+            opt.apply_gradients([(np.ones(2, np.float32), used), (None, unused)])  # eagerly
+        records = [r for r in caplog.records if "do not exist" in r.getMessage()]
+        assert len(records) == 1, [r.getMessage() for r in records]
+        message = records[0].getMessage()
+        assert f"{opt.name}.apply_gradients" in message and "'unused_head'" in message
+        assert "'used'" not in message
+        np.testing.assert_array_equal(unused.numpy(), [1.0, 1.0])    # skipped, not updated
+    with caplog.at_level(logging.WARNING, logger="graphdist"):   # another optimizer: again
+        caplog.clear()
+        gd.optimizers.SGD(0.1, name="other").apply_gradients(
+            [(np.ones(2, np.float32), used), (None, unused)])
+    assert "other.apply_gradients" in caplog.text and "'unused_head'" in caplog.text
+
+
+def test_optimizer_made_outside_the_scope_takes_an_empty_list_inside_run():
+    # TF: tensorflow/python/keras/distribute/minimize_loss_test.py
+    # MinimizeLossStepTest.test_empty_var_list (the optimizer made outside the scope, then
+    # opt.apply_gradients([]) inside distribution.run). Keras returns a no-op for an empty
+    # list: nothing is applied and the iteration count does not move.
+    strategy = _strategy(3)
+    opt = gd.optimizers.SGD(0.1)
+    with strategy.scope():
+        assert strategy.run(lambda: opt.apply_gradients([])) is None   # not readable here
+    assert opt.iterations.numpy() == 0
+    assert opt.apply_gradients([]) == 0 and opt.iterations.numpy() == 0          # eagerly
+    assert int(gd.function(lambda: opt.apply_gradients([]))()) == 0  # on its own device
+    with strategy.scope():
+        inside = gd.optimizers.Adam()
+    assert int(strategy.run(lambda: inside.apply_gradients([]))) == 0
+    scaled = gd.optimizers.LossScaleOptimizer(gd.optimizers.SGD(0.1))
+    assert strategy.run(lambda: scaled.apply_gradients([])) is None
+    assert scaled.iterations.numpy() == 0

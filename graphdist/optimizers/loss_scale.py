@@ -28,7 +28,7 @@ from graphdist.ops.math import (
     where,
 )
 from graphdist.ops.sparse import IndexedSlices
-from graphdist.optimizers.optimizer import apply_eagerly
+from graphdist.optimizers.optimizer import apply_eagerly, warn_missing_gradients
 from graphdist.variables import Variable, assign_synced_if
 
 
@@ -75,6 +75,7 @@ class LossScaleOptimizer:
         self._good_steps = (Variable(np.int64(0), name=f"{name}/good_steps", trainable=False)
                             if self.dynamic else None)
         self._eager_steps: dict = {}
+        self._warned_no_gradient: set = set()
 
     # ------------------------------------------------------------ TF's attributes
     loss_scale = property(lambda self: self._scale, doc="the current loss scale (a Variable)")
@@ -128,21 +129,27 @@ class LossScaleOptimizer:
         return [unscale(g) for g in grads]
 
     # ------------------------------------------------------------ the step
-    def apply_gradients(self, grads_and_vars, all_reduce: bool = True):
+    def apply_gradients(self, grads_and_vars, all_reduce: bool = True,
+                        skip_loss_scale_check: bool = True):
         """All-reduce the (unscaled) gradients, then apply the inner optimizer's update only if
         every gradient on every replica is finite; update the scale. Returns the iteration
-        count after the step (unchanged by a skipped step)."""
+        count after the step (unchanged by a skipped step). `None` gradients are skipped
+        with a warning, as the inner optimizer's; `skip_loss_scale_check` is accepted for
+        the inner optimizers' signature: this is the loss scaling it checks for."""
         grads_and_vars = list(grads_and_vars)
         if not self.dynamic:
-            return self.inner_optimizer.apply_gradients(grads_and_vars, all_reduce)
+            return self.inner_optimizer.apply_gradients(grads_and_vars, all_reduce,
+                                                        skip_loss_scale_check=True)
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:            # the inner optimizer names the variables in its error
-            return self.inner_optimizer.apply_gradients(grads_and_vars, all_reduce)
+            return self.inner_optimizer.apply_gradients(grads_and_vars, all_reduce,
+                                                        skip_loss_scale_check=True)
         for g, v in pairs:
             if isinstance(v, Variable) and np.dtype(getattr(g, "dtype", v.dtype)) != v.dtype:
                 raise TypeError(f"{self.name}.apply_gradients: gradient is {g.dtype}, variable "
                                 f"'{v.name}' is {v.dtype}: gradients of float32 master "
                                 "weights are float32 (cast the weights, not the gradients)")
+        warn_missing_gradients(self, grads_and_vars)
         if current_tracer() is None:
             return self._apply_eagerly(pairs, all_reduce)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
@@ -154,7 +161,8 @@ class LossScaleOptimizer:
                                          bucket_bytes, n)
         finite = self._all_finite(grads, ctx, n)
         with assign_synced_if(finite):
-            step = self.inner_optimizer.apply_gradients(zip(grads, variables), all_reduce=False)
+            step = self.inner_optimizer.apply_gradients(zip(grads, variables), all_reduce=False,
+                                                        skip_loss_scale_check=True)
         self._update_scale(finite)
         return where(finite, step, subtract(step, np.int64(1)))
 

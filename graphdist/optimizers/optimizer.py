@@ -16,7 +16,8 @@ import inspect
 
 import numpy as np
 
-from graphdist.distribute.context import get_replica_context
+from graphdist import config
+from graphdist.distribute.context import get_replica_context, get_strategy
 from graphdist.distribute.sparse import all_reduce_gradients
 from graphdist.ir.types import is_float
 from graphdist.ops import optim
@@ -67,6 +68,7 @@ class Optimizer:
         self._schedule = None           # a learning-rate schedule or callable of the step
         self._slots: dict = {}
         self._eager_steps: dict = {}
+        self._warned_no_gradient: set = set()     # ids of variables warned of a None grad
 
     # ------------------------------------------------------------ hyper-parameters
     def _build_hyper(self, **values) -> None:
@@ -140,17 +142,28 @@ class Optimizer:
     def slots(self) -> dict:
         return {f"{var.name}/{name}": v for (var, name), v in self._slots.items()}
 
-    def apply_gradients(self, grads_and_vars, all_reduce: bool = True):
-        """Apply one update; returns the new iteration count. `None` gradients are skipped.
-        In a replica, the gradients are all-reduced first (by `gradient_reduction`); with
-        `all_reduce=False` they are taken as already reduced (equal on every replica), as
-        TF's experimental_aggregate_gradients=False. clipnorm/global_clipnorm clip after.
+    def apply_gradients(self, grads_and_vars, all_reduce: bool = True,
+                        skip_loss_scale_check: bool = False):
+        """Apply one update; returns the new iteration count. In a replica, the gradients are
+        all-reduced first (by `gradient_reduction`); with `all_reduce=False` they are taken
+        as already reduced (equal on every replica), as TF's
+        experimental_aggregate_gradients=False. clipnorm/global_clipnorm clip after.
+
+        `None` gradients are skipped, with a warning naming their variables (once per
+        variable). An empty list applies nothing and returns the count unchanged (None in
+        a step on other devices than the optimizer's: Keras returns a no-op). Under
+        gd.config.set_precision("mixed_float16") the step raises unless the optimizer is
+        wrapped in gd.optimizers.LossScaleOptimizer: float16 gradients overflow, and an
+        unscaled update writes inf/NaN into the float32 weights;
+        `skip_loss_scale_check=True` says the caller handles that itself.
 
         >>> opt.apply_gradients(zip(grads, variables), all_reduce=False)   # doctest: +SKIP
         """
         grads_and_vars = list(grads_and_vars)
+        if not grads_and_vars:
+            return self._unchanged_iterations()
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
-        if grads_and_vars and not pairs:
+        if not pairs:
             names = ", ".join(repr(getattr(v, "name", v)) for _, v in grads_and_vars)
             raise ValueError(f"{self.name}.apply_gradients: no gradients provided for any "
                              f"variable ({names}): does the loss depend on them?")
@@ -164,6 +177,9 @@ class Optimizer:
             if np.dtype(getattr(g, "dtype", v.dtype)) != v.dtype:   # lists take v's dtype
                 raise TypeError(f"{self.name}.apply_gradients: gradient is {g.dtype}, variable "
                                 f"'{v.name}' is {v.dtype}; use gd.cast")
+        if not skip_loss_scale_check:
+            require_loss_scaling(self)
+        warn_missing_gradients(self, grads_and_vars)
         if current_tracer() is None:
             return self._apply_eagerly(pairs, all_reduce)
         ctx = get_replica_context()
@@ -177,6 +193,15 @@ class Optimizer:
         self._apply(pairs, step)
         self.iterations.assign_synced(step)
         return step
+
+    def _unchanged_iterations(self):
+        """What apply_gradients([]) returns: the iteration count where this code can read
+        it, else None (a step of a strategy the optimizer was not made under)."""
+        if current_tracer() is None:
+            return self.iterations.numpy()[()]         # a numpy scalar, as a step returns
+        if tuple(get_strategy().devices) != tuple(self.iterations.devices):
+            return None
+        return self.iterations.read_value()
 
     def _apply_eagerly(self, pairs, all_reduce: bool = True):
         return apply_eagerly(self, pairs, all_reduce)
@@ -207,6 +232,41 @@ class Optimizer:
         return [self.iterations, *self._hyper.values(), *self._slots.values()]
 
 
+def require_loss_scaling(opt) -> None:
+    """Under the mixed_float16 policy an update needs a LossScaleOptimizer around it (Keras
+    wraps the optimizer itself only in Model.compile): float16 gradients overflow to inf,
+    and a plain update writes inf/NaN into the float32 master weights, silently. Called
+    where the update is traced, so the error names the user's line."""
+    if config.precision() != "mixed_float16":
+        return
+    from graphdist.errors import user_frame_text
+
+    where = user_frame_text()
+    raise ValueError(
+        f"{opt.name}.apply_gradients under gd.config.set_precision(\"mixed_float16\"): "
+        "float16 gradients overflow, and an update without loss scaling would write inf/NaN "
+        "into the float32 weights on the first overflow. Wrap the optimizer: "
+        f"gd.optimizers.LossScaleOptimizer({type(opt).__name__}(...)), and scale the loss "
+        "with opt.get_scaled_loss / opt.get_unscaled_gradients (see docs/guide.md, mixed "
+        "precision); if your loop handles overflow itself, pass "
+        "apply_gradients(..., skip_loss_scale_check=True)" + (f"\n  at  {where}" if where
+                                                               else ""))
+
+
+def warn_missing_gradients(opt, grads_and_vars) -> None:
+    """Keras's warning for skipped None gradients, once per variable and optimizer: a
+    variable the loss does not reach is silently never trained otherwise."""
+    missing = [v for g, v in grads_and_vars
+               if g is None and id(v) not in opt._warned_no_gradient]
+    if not missing:
+        return
+    opt._warned_no_gradient.update(id(v) for v in missing)
+    config.logger.warning(
+        "%s.apply_gradients: gradients do not exist for variables %s when minimizing the "
+        "loss; they are skipped (not updated). Does the loss depend on them?", opt.name,
+        [getattr(v, "name", v) for v in missing])
+
+
 def apply_eagerly(opt, pairs, all_reduce: bool = True):
     """`opt.apply_gradients` called with numpy gradients: a small update step compiled once
     per set of variables (kept in `opt._eager_steps`), run on them."""
@@ -215,7 +275,9 @@ def apply_eagerly(opt, pairs, all_reduce: bool = True):
     if fn is None:
         from graphdist.function import function
 
-        fn = function(lambda grads: opt.apply_gradients(zip(grads, variables), all_reduce))
+        # the caller checked the loss scaling already (or was told to skip it)
+        fn = function(lambda grads: opt.apply_gradients(zip(grads, variables), all_reduce,
+                                                        skip_loss_scale_check=True))
         opt._eager_steps[(variables, all_reduce)] = fn
     return fn([np.asarray(g, dtype=v.dtype) for g, v in pairs])
 
