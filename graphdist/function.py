@@ -570,6 +570,7 @@ class Function:
             else:
                 if compiled.profiled is None:
                     compiled.profiled = compiled.rebuild(True)
+                if not bounds:
                     _kernels_loaded()
                 start = time.perf_counter()
                 result = compiled(leaves, compiled.profiled)
