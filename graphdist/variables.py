@@ -111,7 +111,7 @@ class Variable(Operators, Symbolic):
         if self._sync is VariableSynchronization.ON_READ:
             trainable = False
         self._uid = next(_ids)
-        self._name = name or f"Variable_{self._uid}"
+        self._name = name or "Variable"
         self._trainable = bool(trainable)
         self._values = [backend_for(d).from_host(value) for d in self._devices]
         self._ref = StateRef(self._uid, self._name, self._devices, self.on_read)
@@ -180,6 +180,7 @@ class Variable(Operators, Symbolic):
 
     def numpy(self) -> np.ndarray:
         """A copy of the value (the aggregate, for sync-on-read variables)."""
+        sync.check_strategy(self)
         return np.array(self.eager_value())
 
     def read_value(self):
@@ -203,6 +204,7 @@ class Variable(Operators, Symbolic):
         tracer = current_tracer()
         if tracer is not None:
             return sync.assign(tracer, self, value, "assign")
+        sync.check_strategy(self)
         if isinstance(value, PerReplica):
             sync.refuse_per_replica(self)
         if isinstance(value, (list, tuple)):    # Python data converts to the variable's dtype
@@ -236,6 +238,7 @@ class Variable(Operators, Symbolic):
         tracer = current_tracer()
         if tracer is None:
             return self.assign(value)
+        sync.check_strategy(self)
         if _conditions.stack:                   # inside assign_synced_if: maybe keep the old
             value = where(_conditions.stack[-1], value, sync.read(tracer, self))
         return tracer.assign(self, value)
@@ -265,7 +268,7 @@ class Variable(Operators, Symbolic):
         if self.on_read and self._aggregation is VariableAggregation.NONE \
                 and len(self._values) > 1:    # no cross-replica value to show
             return text + f" values={[self._host(k) for k in range(len(self._values))]!r}>"
-        return text + f" numpy={self.numpy()!r}>"
+        return text + f" numpy={np.array(self.eager_value())!r}>"   # unchecked: any scope
 
     def __bool__(self):
         raise TypeError(f"the truth value of variable '{self._name}' is ambiguous")

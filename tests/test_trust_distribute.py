@@ -265,3 +265,181 @@ def test_optimizer_made_outside_the_scope_takes_an_empty_list_inside_run():
     scaled = gd.optimizers.LossScaleOptimizer(gd.optimizers.SGD(0.1))
     assert strategy.run(lambda: scaled.apply_gradients([])) is None
     assert scaled.iterations.numpy() == 0
+
+
+# ---------------------------------------------------------------- TF semantics left over
+
+
+def _assert_in_default_state():
+    # TF: distribute_lib_test.py _assert_in_default_state
+    default = gd.get_strategy()
+    assert gd.get_replica_context() is default.default_replica_context
+    assert not gd.in_cross_replica_context() and not gd.has_strategy()
+
+
+def test_scope_can_be_nested_in_itself_and_reused_after_exit():
+    # TF: tensorflow/python/distribute/distribute_lib_test.py
+    # TestStrategyTest.testSameScopeNesting
+    _assert_in_default_state()
+    dist = _strategy(2)
+    scope_a = dist.scope()
+    with scope_a:
+        assert gd.get_strategy() is dist
+        scope_b = dist.scope()
+        with scope_b:
+            assert gd.get_strategy() is dist
+            with scope_a:                        # a scope object inside itself
+                assert gd.get_strategy() is dist and gd.in_cross_replica_context()
+            assert gd.get_strategy() is dist
+        assert gd.get_strategy() is dist
+        dist2 = _strategy(2)
+        with pytest.raises(RuntimeError, match="Mixing different gd.distribute strategies"):
+            with dist2.scope():
+                pass
+        assert gd.get_strategy() is dist         # the failed enter left nothing behind
+    _assert_in_default_state()
+    with scope_b:                                # reused after its exit
+        assert gd.get_strategy() is dist
+        with dist.scope() as entered:
+            assert entered is dist
+    _assert_in_default_state()
+
+
+def test_one_strategys_reduce_and_variables_inside_another_strategys_scope_raise():
+    # TF: distribute_lib_test.py _run_in_and_out_of_scope / testReduce (reduce under
+    # another strategy's scope: "Mixing different .*Strategy objects"), and values.py's
+    # DistributedVariable, whose reads and writes call enter_or_assert_strategy
+    dist, other = _strategy(2), _strategy(2)
+    with dist.scope():
+        v = gd.Variable(np.float32(1.0), name="w")
+    values = dist.experimental_distribute_values_from_function(
+        lambda ctx: np.float32(ctx.replica_id_in_sync_group + 1))
+    assert float(dist.reduce(gd.ReduceOp.SUM, values, axis=None)) == 3.0   # out of scope
+    with dist.scope():
+        assert float(dist.reduce(gd.ReduceOp.MEAN, values, axis=None)) == 1.5
+        v.assign(2.0)
+        assert v.numpy() == 2.0
+    mixing = r"Mixing different gd.distribute strategies: {} .* used inside the scope or run " \
+             r"of another strategy object.*\n  at  test_trust_distribute.py:\d+"
+    with other.scope():
+        for use in (lambda: dist.reduce(gd.ReduceOp.SUM, values, axis=None),
+                    lambda: dist.gather(values, axis=0)):
+            with pytest.raises(RuntimeError, match=mixing.format("strategy.(reduce|gather)")):
+                use()
+        for use in (v.numpy, v.read_value, lambda: v.assign(3.0), lambda: v.assign_add(1.0),
+                    lambda: gd.function(lambda: v * 2.0)(),
+                    lambda: gd.function(lambda: v.assign_sub(1.0))()):
+            with pytest.raises(RuntimeError, match=mixing.format("variable 'w'")):
+                use()
+        assert "numpy=array(2." in repr(v)             # printing it is no use of it
+    with pytest.raises(RuntimeError, match=mixing.format("variable 'w'")):
+        other.run(lambda: v * 2.0)                       # in another strategy's run
+    assert v.numpy() == 2.0                              # nothing was written
+    plain = gd.Variable(np.float32(5.0))                 # the default strategy's: usable
+    with other.scope():
+        assert plain.numpy() == 5.0
+
+
+def test_default_strategy_scope_keeps_the_default_replica_context():
+    # TF: distribute_lib_test.py DefaultDistributionStrategyTest.testScopeMostlyNoOp (its
+    # variable-creator part, a TF-internal detail, is not ported)
+    _assert_in_default_state()
+    default = gd.get_strategy()
+    scope = default.scope()
+    with scope:
+        _assert_in_default_state()
+        assert gd.get_replica_context() is not None
+        with scope:
+            _assert_in_default_state()
+        _assert_in_default_state()
+        with _strategy(2).scope():                 # a strategy's scope inside it is fine
+            assert gd.has_strategy()
+            assert gd.Variable(1.0, name="inner").name == "inner"
+    _assert_in_default_state()
+
+
+def test_default_replica_contexts_merge_fn_has_no_strategy():
+    # TF: distribute_lib_test.py DefaultDistributionStrategyTest.testMergeCall
+    _assert_in_default_state()
+    default = gd.get_strategy()
+
+    def merge_fn(dist, s):
+        assert dist is default and gd.get_strategy() is default
+        assert gd.get_replica_context() is None and gd.in_cross_replica_context()
+        assert not gd.has_strategy()
+        return "foo_" + s
+
+    replica_ctx = gd.get_replica_context()
+    assert replica_ctx is default.default_replica_context
+    assert replica_ctx.merge_call(merge_fn, args=("bar",)) == "foo_bar"
+    with default.scope():                        # the same inside the default scope
+        assert gd.get_replica_context().merge_call(merge_fn, args=("baz",)) == "foo_baz"
+    _assert_in_default_state()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("traced", [False, True])
+def test_reduce_mean_of_integers_divides_as_tf(dtype, traced):
+    # TF: cross_device_ops.py _simple_reduce and the all-reduces divide the replicas' sum
+    # with `value / n` (cross_device_utils.divide_by_n_tensors_or_indexed_slices), and
+    # Strategy.reduce(axis=k) with math_ops.truediv: a true division, int32 and int64 into
+    # float64 (TF's _TRUEDIV_TABLE), not tf.reduce_mean's truncation
+    strategy = _strategy(3)
+    values = gd.PerReplica([np.array([-7, 5, 2], dtype), np.array([2, 0, 2], dtype),
+                            np.array([0, 1, 2], dtype)])
+    reduce = (gd.function(lambda op, v, axis: strategy.reduce(op, v, axis=axis))
+              if traced else lambda op, v, axis: strategy.reduce(op, v, axis=axis))
+    stacked = np.array(values.values, np.int64)
+    for axis, want in ((None, stacked.sum(0) / 3.0), (0, stacked.sum() / stacked.size)):
+        got = np.asarray(reduce(gd.ReduceOp.MEAN, values, axis))
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, want)          # [-5/3, 2, 2], 7/9: not truncated
+        total = np.asarray(reduce(gd.ReduceOp.SUM, values, axis))
+        assert total.dtype == dtype                        # SUM keeps the integer dtype
+        np.testing.assert_array_equal(total, stacked.sum(0) if axis is None else stacked.sum())
+
+
+def test_unnamed_variable_is_named_variable():
+    # TF: tensorflow/python/distribute/mirrored_variable_test.py
+    # MirroredVariableCreationTest.testUnnamedVariable ("Variable:0"; graphdist has no ":0")
+    strategy = _strategy(2)
+    with strategy.scope():
+        v = gd.Variable(1.0)
+        w = gd.Variable(np.ones(2, np.float32))
+    assert v.name == "Variable" and w.name == "Variable"
+    assert [float(c) for c in v.values] == [1.0, 1.0]
+    assert gd.Variable(1.0).name == "Variable"            # outside any scope too
+    with strategy.scope():
+        opt = gd.optimizers.Adam(0.1)
+    opt.apply_gradients([(np.float32(1.0), v), (np.ones(2, np.float32), w)])
+    slots = opt.slots()                                   # same names hide no slot
+    assert sorted(slots) == ["Variable/m", "Variable/v", "Variable_1/m", "Variable_1/v"]
+    assert slots["Variable/m"].shape == () and slots["Variable_1/m"].shape == (2,)
+
+
+def test_gather_of_shards_of_different_sizes_inside_a_function():
+    # TF: tensorflow/python/distribute/strategy_gather_test.py
+    # GatherTest.testGatherDiffShapeAtAxis0 (values made per replica, captured by the
+    # tf.function) and testGatherDiffShapeAtAxis1
+    strategy = _strategy(3)
+    captured = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.ones((ctx.replica_id_in_sync_group + 1, 1), np.int32))
+    np.testing.assert_array_equal(gd.function(lambda: strategy.gather(captured, axis=0))(),
+                                  np.ones((1 + 2 + 3, 1), np.int32))
+    wide = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.ones((1, ctx.replica_id_in_sync_group + 1), np.int32))
+    np.testing.assert_array_equal(gd.function(lambda: strategy.gather(wide, axis=1))(),
+                                  np.ones((1, 6), np.int32))
+    # shards of 3, 3 and 2 rows, as arguments and as what the replicas return
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+    shards = next(iter(strategy.experimental_distribute_dataset([x])))
+    assert [np.shape(s) for s in shards.values] == [(3, 2), (3, 2), (2, 2)]
+
+    @gd.function
+    def gathered(batch):
+        doubled = strategy.run(lambda t: t * 2.0, args=(batch,))
+        return strategy.gather(batch, axis=0), strategy.gather(doubled, axis=0)
+
+    got, doubled = gathered(shards)
+    np.testing.assert_array_equal(got, x)
+    np.testing.assert_array_equal(doubled, x * 2.0)

@@ -1,12 +1,13 @@
 """Which strategy is current and whether we are in a replica or cross-replica context.
 
 The stack holds (strategy, replica_context) pairs: `strategy.scope()` pushes
-(strategy, None), i.e. cross-replica context; `strategy.run` pushes a ReplicaContext.
+(strategy, None), i.e. cross-replica context; `strategy.run` pushes a ReplicaContext. The
+default strategy's scope pushes its default replica context: inside it everything is as
+outside any scope (TF's "mostly a no-op" default scope).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 _local = threading.local()
@@ -18,19 +19,52 @@ def _stack() -> list:
     return _local.stack
 
 
-@contextlib.contextmanager
-def entered(strategy, replica_context=None):
+def entered(strategy, replica_context=None) -> _Scope:
+    """`with entered(strategy, replica_context):` makes them current (None: cross-replica
+    context)."""
+    return _Scope(strategy, replica_context)
+
+
+class _Scope:
+    """A reusable, re-entrant context manager, as TF's scope objects: `strategy.scope()` can
+    be entered again after it was left, and inside itself (TF's distribute_lib_test.py
+    testSameScopeNesting); a generator-based one fails on its second `with`."""
+
+    def __init__(self, strategy, replica_context=None):
+        self.strategy, self.replica_context = strategy, replica_context
+
+    def __enter__(self):
+        stack = _stack()
+        if stack and stack[-1][0] is not self.strategy and not _is_default(stack[-1][0]):
+            raise mixing_error(f"cannot enter {self.strategy!r} (id {id(self.strategy):#x})",
+                               stack[-1][0], "leave the outer strategy's scope first")
+        stack.append((self.strategy, self.replica_context))
+        return self.strategy
+
+    def __exit__(self, *exc) -> None:
+        _stack().pop()
+
+
+def mixing_error(what: str, current, advice: str) -> RuntimeError:
+    """TF's "Mixing different tf.distribute.Strategy objects" error."""
+    return RuntimeError(f"Mixing different gd.distribute strategies: {what} inside the scope "
+                        f"or run of another strategy object, {current!r} (id "
+                        f"{id(current):#x}); {advice}")
+
+
+def require_current(strategy, what: str) -> None:
+    """Using one strategy's values (its variables, its reduce) inside the scope or run of
+    another raises, as in TF; outside any strategy, or inside its own, it is fine."""
     stack = _stack()
-    if stack and stack[-1][0] is not strategy and not _is_default(stack[-1][0]):
-        raise RuntimeError(f"Mixing different gd.distribute strategies: cannot enter {strategy!r} "
-                           f"(id {id(strategy):#x}) inside the scope or run of another "
-                           f"strategy object, {stack[-1][0]!r} (id {id(stack[-1][0]):#x}); "
-                           "leave the outer strategy's scope first")
-    stack.append((strategy, replica_context))
-    try:
-        yield strategy
-    finally:
-        stack.pop()
+    if not stack or stack[-1][0] is strategy or _is_default(strategy) \
+            or _is_default(stack[-1][0]):
+        return
+    from graphdist.errors import user_frame_text
+
+    where = user_frame_text()
+    raise mixing_error(f"{what} of {strategy!r} (id {id(strategy):#x}) used", stack[-1][0],
+                       "use it inside its own strategy's scope or run, or outside every "
+                       "scope" + (f"\n  at  {where}" if where else ""))
 
 
 def get_strategy():

@@ -91,6 +91,25 @@ def _select_leaf(values, n: int, path: str = "", first: int = 0):
     return out
 
 
+def _mean_dtype(dtype) -> np.dtype:
+    """The dtype of reduce(MEAN), as TF's (its cross-device ops divide the sum by the
+    replica count with `/`, a true division): floats keep theirs; integers of 8 and 16 bits
+    give float32, wider ones float64, as TF's truediv table; bools cannot be averaged."""
+    dtype = np.dtype(dtype)
+    if is_float(dtype):
+        return dtype
+    if dtype.kind in "iu":
+        return np.dtype(np.float32 if dtype.itemsize <= 2 else np.float64)
+    raise TypeError(f"reduce(MEAN) of {dtype} values: only numbers can be averaged; cast "
+                    "them first (gd.cast), or reduce with SUM")
+
+
+def _is_array(x) -> bool:
+    """A concrete array (numpy, or a device array), not a traced tensor or a structure."""
+    return not isinstance(x, Symbolic) and (isinstance(x, (np.ndarray, np.generic))
+                                            or hasattr(x, "__cuda_array_interface__"))
+
+
 def _require_cross_replica_context(method: str, instead: str) -> None:
     """strategy.run / reduce work on all replicas at once: inside a replica function (inside
     strategy.run) they are an error, as in TF; merge_fn is cross-replica context again."""
@@ -279,7 +298,17 @@ class Strategy:
     def run(self, fn, args=(), kwargs=None):
         """Run `fn` once per replica. Inside gd.function it joins that trace; on its own it is
         traced and compiled once per input signature. Returns a PerReplica, or a plain value
-        where every replica returns the same mirrored value."""
+        where every replica returns the same mirrored value.
+
+        A gd.PerReplica argument gives each replica its own component. A plain argument (a
+        numpy array, a tensor) reaches every replica whole: a global batch passed plainly is
+        processed N times, once by each replica. Split it first, with
+        experimental_distribute_dataset (or a gd.PerReplica of shards), so each replica
+        gets its part.
+
+        >>> shards = next(iter(strategy.experimental_distribute_dataset(batches)))  # doctest: +SKIP
+        >>> strategy.run(step_fn, args=(shards,))                                # doctest: +SKIP
+        """
         _require_cross_replica_context("run", "call fn directly: it already runs once per "
                                        "replica")
         args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
@@ -336,34 +365,50 @@ class Strategy:
         MEAN with axis=0 is the mean over every example of the global batch)."""
         _require_cross_replica_context("reduce", "use gd.get_replica_context().all_reduce(op, "
                                        "value), or merge_call(merge_fn) to reduce in merge_fn")
+        context.require_current(self, "strategy.reduce")
         op = _reduce_op(op)
         if isinstance(value, (list, tuple, dict)):   # a structure (as run returns): each leaf
             return map_structure(lambda v: self.reduce(op, v, axis), value)
         tracer = current_tracer()
-        if tracer is not None:
+        constants = self._constant_parts(value)
+        if tracer is not None and constants is None:
             if self.num_replicas_in_sync > 1:
                 tracer.strategy = self
             return self._reduce_traced(op, value, axis)
-        if self.num_replicas_in_sync > self._local_replicas:     # other workers hold parts
-            return self._eager_reduce(op, value, axis)
-        parts = self._eager_parts("reduce", value)
-        if op is ReduceOp.MEAN and not is_float(parts[0].dtype):
-            raise TypeError(f"reduce(MEAN): expected float values, got {parts[0].dtype}; use "
-                            "gd.cast first, or reduce with SUM")
+        if tracer is None and self.num_replicas_in_sync > self._local_replicas:
+            return self._eager_reduce(op, value, axis)           # other workers hold parts
+        return self._reduce_parts(op, constants or self._eager_parts("reduce", value), axis)
+
+    def _reduce_parts(self, op, parts: list, axis):
+        """reduce() of the replicas' values as numpy arrays."""
+        mean_dtype = _mean_dtype(parts[0].dtype) if op is ReduceOp.MEAN else None
         if axis is None:
             if any(p.shape != parts[0].shape for p in parts):
                 raise ValueError("reduce(axis=None): the replicas' values have different shapes "
                                  f"{[p.shape for p in parts]}; pass axis=0 to reduce along "
                                  "the batch as well")
             total = np.sum(parts, axis=0, dtype=parts[0].dtype)
-            return total / parts[0].dtype.type(len(parts)) if op is ReduceOp.MEAN else total
-        if not -parts[0].ndim <= axis < parts[0].ndim:
-            raise ValueError(f"reduce: axis {axis} is out of range for the replicas' values of "
-                             f"shape {parts[0].shape}")
-        total = sum(np.sum(p, axis=axis, dtype=p.dtype) for p in parts)
-        if op is ReduceOp.MEAN:
-            total = total / parts[0].dtype.type(sum(p.shape[axis] for p in parts))
-        return total
+            count = len(parts)
+        else:
+            if not -parts[0].ndim <= axis < parts[0].ndim:
+                raise ValueError(f"reduce: axis {axis} is out of range for the replicas' values "
+                                 f"of shape {parts[0].shape}")
+            total = sum(np.sum(p, axis=axis, dtype=p.dtype) for p in parts)
+            count = sum(p.shape[axis] for p in parts)
+        if mean_dtype is None:
+            return total
+        return np.asarray(total, mean_dtype) / mean_dtype.type(count)
+
+    def _constant_parts(self, value) -> list | None:
+        """The components of a PerReplica of this process's every replica whose components
+        are all arrays (not traced tensors), else None: reduced or gathered in traced code
+        (captured by the function, say) they give a constant, whatever their shapes."""
+        if not isinstance(value, PerReplica) or isinstance(value, LocalValue) \
+                or len(value.values) != self.num_replicas_in_sync \
+                or self.num_replicas_in_sync > self._local_replicas \
+                or not all(_is_array(v) for v in value.values):
+            return None
+        return self._eager_parts("strategy", value)
 
     def _eager_parts(self, what: str, value) -> list:
         """The replicas' components of `value` as numpy arrays (a plain value: n copies)."""
@@ -382,27 +427,35 @@ class Strategy:
 
         n = self.num_replicas_in_sync
         local = _local(value, self._local_replicas, self._first_replica)
+        dtype = np.dtype(getattr(local, "dtype", None) or np.asarray(_as_tensor_value(local))
+                         .dtype)                      # Python numbers: as TF types them
+        mean_dtype = _mean_dtype(dtype) if op is ReduceOp.MEAN else None
         if axis is None:
-            if n == 1:
-                return local
-            return all_reduce(local, op.value)
-        total = reduce_sum(local, axis=axis)
-        if n > 1:
-            total = all_reduce(total, "sum")
-        if op is ReduceOp.SUM:
-            return total
-        count = cast(shape(local)[axis], total.dtype)
-        if n > 1:
-            count = all_reduce(count, "sum")
-        return divide(total, count)
+            if mean_dtype is None or mean_dtype == dtype:
+                return local if n == 1 else all_reduce(local, op.value)
+            total, count = (all_reduce(local, "sum") if n > 1 else local), np.float64(n)
+        else:
+            total = reduce_sum(local, axis=axis)
+            if n > 1:
+                total = all_reduce(total, "sum")
+            if mean_dtype is None:
+                return total
+            count = cast(shape(local)[axis], "int64")
+            if n > 1:
+                count = all_reduce(count, "sum")
+        # integers: their sum divided as TF's true division (float64, or float32 for 8- and
+        # 16-bit integers); floats: in their own dtype
+        return divide(cast(total, mean_dtype), cast(count, mean_dtype))
 
     def gather(self, value, axis=0):
         """Concatenate the replicas' components along `axis` (each leaf of a structure)."""
+        context.require_current(self, "strategy.gather")
         if isinstance(value, (list, tuple, dict)):
             return map_structure(lambda v: self.gather(v, axis), value)
         tracer = current_tracer()
-        if tracer is None:
-            return np.concatenate(self._eager_parts("gather", value), axis=axis)
+        constants = self._constant_parts(value)
+        if tracer is None or constants is not None:
+            return np.concatenate(constants or self._eager_parts("gather", value), axis=axis)
         n = self.num_replicas_in_sync
         local = _local(value, self._local_replicas, self._first_replica)
         if n == 1:
@@ -460,7 +513,12 @@ class MirroredStrategy(Strategy):
 
 
 class _DefaultStrategy(OneDeviceStrategy):
-    pass
+    """The strategy outside every scope: one device, and one replica context that its
+    scope keeps (TF: inside the default strategy's scope get_replica_context() is still
+    the default replica context, and has_strategy() is False)."""
+
+    def scope(self):
+        return context.entered(self, self.default_replica_context)
 
 
 _default = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphdist.distribute.context import get_replica_context
+from graphdist.distribute.context import get_replica_context, require_current
 from graphdist.distribute.values import LocalValue, PerReplica
 from graphdist.distribute.values import VariableAggregation as Agg
 from graphdist.ir.types import is_float
@@ -103,9 +103,16 @@ def check_cross_replica_read(variable) -> None:
                          "when creating it, or read it inside strategy.run")
 
 
+def check_strategy(variable) -> None:
+    """A variable of one strategy read or written inside another strategy's scope or run
+    raises RuntimeError, as TF's "Mixing different tf.distribute.Strategy objects"."""
+    require_current(variable._strategy, f"variable '{variable.name}'")
+
+
 def read(tracer, variable):
     """The variable's value as this code sees it: a sync-on-read variable read in
     cross-replica context is the aggregate of the replicas' components."""
+    check_strategy(variable)
     local = tracer.read(variable)
     if variable._replicas()[0] == 1 or not variable.on_read or in_replica_context(variable):
         return local
@@ -115,6 +122,7 @@ def read(tracer, variable):
 
 def assign(tracer, variable, value, mode: str):
     """assign / assign_add / assign_sub with the aggregation rules; returns the variable."""
+    check_strategy(variable)
     n = variable._replicas()[0]          # every worker's replicas, under a multi-worker one
     if is_python_scalar(value):
         # weakly typed: the number takes the variable's dtype before an aggregation (an

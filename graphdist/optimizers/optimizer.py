@@ -140,7 +140,20 @@ class Optimizer:
         return self._slots[key]
 
     def slots(self) -> dict:
-        return {f"{var.name}/{name}": v for (var, name), v in self._slots.items()}
+        """{"<variable name>/<slot name>": slot}. Variables that share a name (every unnamed
+        one is "Variable", as in TF) are told apart as name_1, name_2, ... in the order
+        their first slot was made, so that no slot hides another."""
+        labels: dict = {}            # id(variable) -> its unique label
+        taken: set = set()
+        for var, _ in self._slots:
+            if id(var) not in labels:
+                label, k = var.name, 0
+                while label in taken:
+                    k += 1
+                    label = f"{var.name}_{k}"
+                labels[id(var)] = label
+                taken.add(label)
+        return {f"{labels[id(var)]}/{name}": v for (var, name), v in self._slots.items()}
 
     def apply_gradients(self, grads_and_vars, all_reduce: bool = True,
                         skip_loss_scale_check: bool = False):
