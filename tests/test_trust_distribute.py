@@ -59,6 +59,53 @@ def test_sync_on_read_reads_back_what_was_assigned(n, aggregation, dtype):
     assert v.numpy().dtype == dtype
 
 
+_WORKER = """
+import json, sys
+import numpy as np
+import graphdist as gd
+strategy = gd.MultiWorkerMirroredStrategy(["cpu:0", "cpu:1", "cpu:2"])
+rng, report = np.random.default_rng(5), {}          # the same values on every worker
+for dtype in ("float32", "float64"):
+    x = (rng.standard_normal(500) * 10).astype(dtype)
+    for aggregation in ("sum", "mean"):
+        with strategy.scope():
+            v = gd.Variable(np.zeros_like(x), synchronization="on_read",
+                            aggregation=aggregation)
+        v.assign(x)
+        traced = np.asarray(gd.function(lambda: v.read_value() * 1.0)())
+        report[dtype + "_" + aggregation] = [int(np.sum(v.numpy() != x)),
+                                             int(np.sum(traced != x))]
+with open(sys.argv[1] + "/rank%d.json" % strategy.worker_index, "w") as f:
+    json.dump(report, f)
+"""
+
+
+def test_sync_on_read_reads_are_exact_across_workers(tmp_path):
+    # 2 workers of 3 devices: the eager read sums across workers, the traced one lowers to
+    # MPI; 6 replicas holding x each sum to 6x inexactly in float32 and float64
+    import importlib.util
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec")
+    if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
+        pytest.skip("the mpi extra (mpi4py and mpich) is not installed")
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report == {f"{d}_{a}": [0, 0] for d in ("float32", "float64")
+                          for a in ("sum", "mean")}, (rank, report)
+
+
 @pytest.mark.parametrize("aggregation", [Agg.SUM, Agg.MEAN, Agg.ONLY_FIRST_REPLICA])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_sync_on_read_restore_from_one_replica_is_exact(tmp_path, n, aggregation):
