@@ -427,8 +427,8 @@ class Strategy:
 
         n = self.num_replicas_in_sync
         local = _local(value, self._local_replicas, self._first_replica)
-        dtype = np.dtype(getattr(local, "dtype", None) or np.asarray(_as_tensor_value(local))
-                         .dtype)                      # Python numbers: as TF types them
+        dtype = (np.dtype(local.dtype) if hasattr(local, "dtype")     # Python numbers: as
+                 else np.asarray(_as_tensor_value(local)).dtype)      # TF types them
         mean_dtype = _mean_dtype(dtype) if op is ReduceOp.MEAN else None
         if axis is None:
             if mean_dtype is None or mean_dtype == dtype:

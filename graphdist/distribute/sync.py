@@ -42,7 +42,7 @@ def _additive_identity(dtype, shape=()) -> np.ndarray:
     return np.full(shape, -0.0 if is_float(dtype) else 0, dtype)
 
 
-def _sum_share(variable, value, n: int):
+def _sum_share(variable, value):
     """sum_shares in traced (SPMD) code: this replica's share of `value`."""
     from graphdist.ops.collectives import replica_id
     from graphdist.ops.math import equal, where
@@ -61,9 +61,9 @@ def _exact_mean(local):
     from graphdist.ops.array import cast
     from graphdist.ops.math import equal, not_equal, where
 
-    dtype = np.dtype(local.dtype)
     if not isinstance(local, Symbolic):      # a constant: the same on every replica
         return all_reduce(local, "mean")
+    dtype = np.dtype(local.dtype)
     if dtype.itemsize <= 4:
         return cast(all_reduce(cast(local, "float64"), "mean"), dtype)
     first = broadcast(local, 0)
@@ -150,7 +150,7 @@ def assign(tracer, variable, value, mode: str):
         if mode != "assign":       # assign(read() +- delta): the total, exactly, not a share
             total = read(tracer, variable)
             value, mode = (total + value if mode == "add" else total - value), "assign"
-        value = _sum_share(variable, value, n)     # so that the read gives the value back
+        value = _sum_share(variable, value)        # so that the read gives the value back
     if mode != "assign":
         local = tracer.read(variable)
         value = local + value if mode == "add" else local - value
