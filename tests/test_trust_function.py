@@ -414,11 +414,13 @@ def test_a_profile_right_after_the_first_call_waits_for_the_kernels(_background_
     the profile must time the step on its kernels, after that loading, not during it. A
     slow extra warm-up job stands for a slow kernel load."""
     step, x = _sgd_step()
+    order, gate = [], threading.Event()
+    # queued ahead of the step's own warm-up, so that one cannot finish (kernels another
+    # test already compiled in this process load in microseconds) before it is looked at
+    warmup._submit([], lambda: (gate.wait(60), order.append("kernels loaded")))
     step(x)
     (program,) = step._cache[step._last].executable.programs
     assert program.warming                       # the kernels are still loading
-    order, gate = [], threading.Event()
-    warmup._submit([], lambda: (gate.wait(60), order.append("kernels loaded")))
     timer = threading.Timer(0.2, gate.set)
     timer.start()
     try:
