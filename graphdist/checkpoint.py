@@ -251,6 +251,7 @@ class _RestorePlan:
                     f"{self.path}: the entries {_names(theirs)} hold the state of an optimizer "
                     f"of type {recorded['type']}; '{p}' here is of type {mine}. Restore into "
                     f"the same type, or track only the model to leave '{p}' as it is")
+            self._check_slot_names(p, opt, set(recorded["slots"]), theirs)
             return
         hyper = {_unescape(k[len(f"{p}/hyper/"):]) for k in theirs
                  if k.startswith(f"{p}/hyper/")}
@@ -263,6 +264,25 @@ class _RestorePlan:
                 f"(hyper-parameters {sorted(hyper)}, slots {sorted(slot_names)}); '{p}' here "
                 f"is of type {mine} (hyper-parameters {sorted(live_hyper)}, slots "
                 f"{sorted(live_slots)})")
+
+    def _check_slot_names(self, p, opt, kept: set, theirs: list) -> None:
+        """The same type keeping other slots is another optimizer's state too: SGD with
+        momentum into SGD without (its momentum buffers would be restored and never used),
+        or the other way once the file's optimizer has taken steps (its momentum would
+        silently restart from zeros)."""
+        live = getattr(opt, "slot_names", None)
+        if live is None or kept == set(live) or not (kept or self._steps(p) > 0):
+            return
+        mine = type(opt).__name__
+        raise CheckpointError(
+            f"{self.path}: the entries {_names(theirs)} hold the state of a {mine} that keeps "
+            f"the slots {sorted(kept) or 'none'} per variable; '{p}' here keeps "
+            f"{sorted(live) or 'none'} (made with other settings, such as momentum). Restore "
+            f"into a {mine} made as the saved one was")
+
+    def _steps(self, p) -> int:
+        key = f"{p}/iterations"
+        return int(self.value(key)) if key in self.file.entries else 0
 
     def _file_slots(self, p) -> dict:
         """{tracked variable path: {slot name: entry key}} of the file's slots of `p`."""

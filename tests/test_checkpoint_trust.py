@@ -128,6 +128,26 @@ def test_adamw_and_adam_are_different_optimizers(tmp_path):
         Checkpoint(w=gd.Variable(np.zeros(3, np.float32)), opt=gd.optimizers.Adam()).restore(path)
 
 
+@pytest.mark.parametrize("saved, restored", [(0.9, 0.0), (0.0, 0.9)])
+def test_sgd_with_and_without_momentum_are_different_state(tmp_path, saved, restored):
+    """Same type, other slots: momentum buffers restored into an SGD that never reads
+    them, or a trained SGD's missing momentum silently started from zeros."""
+    w, trained = _trained(gd.optimizers.SGD(0.1, momentum=saved))
+    path = Checkpoint(w=w, opt=trained).save(tmp_path / "sgd.npz")
+    w2 = gd.Variable(np.zeros(3, np.float32), name="w")
+    sgd = gd.optimizers.SGD(0.1, momentum=restored)
+    ckpt = Checkpoint(w=w2, opt=sgd)
+    before = _state(ckpt)
+    with pytest.raises(gd.CheckpointError, match=r"keeps the slots .* here keeps"):
+        ckpt.restore(path)
+    _assert_unchanged(ckpt, before)
+    # the same settings restore
+    same = gd.optimizers.SGD(0.1, momentum=saved)
+    Checkpoint(w=gd.Variable(np.zeros(3, np.float32), name="w"), opt=same).restore(
+        path).assert_consumed()
+    assert int(same.iterations.numpy()) == int(trained.iterations.numpy())
+
+
 def _without(path, out, drop=(), meta_fn=None):
     """A copy of checkpoint `path` without the entries `drop` (and its metadata edited)."""
     members = _members(path)

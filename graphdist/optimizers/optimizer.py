@@ -52,6 +52,10 @@ class _Hyper:
 class Optimizer:
     """Shared machinery: slots, iteration count, gradient reduction and eager application."""
 
+    # the slots this optimizer keeps per variable: a checkpoint of one that kept others is
+    # another optimizer's state (SGD with momentum into SGD without)
+    slot_names: tuple = ()
+
     def __init__(self, name: str, gradient_reduction: str = "mean", clipnorm=None,
                  global_clipnorm=None):
         if gradient_reduction not in ("mean", "sum"):
@@ -365,6 +369,10 @@ class SGD(Optimizer):
                              "momentum > 0")
         return value
 
+    @property
+    def slot_names(self) -> tuple:
+        return ("momentum",) if self._uses_momentum else ()
+
     def _sparse_update(self, g) -> bool:
         return isinstance(g, IndexedSlices) and not self._uses_momentum   # a scatter update
 
@@ -404,6 +412,7 @@ class Adam(Optimizer):
     beta_2 = _Hyper()
     epsilon = _Hyper()
     weight_decay = property(lambda self: 0.0, _no_weight_decay)
+    slot_names = ("m", "v")
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  gradient_reduction="mean", clipnorm=None, global_clipnorm=None, name="Adam"):
