@@ -4,7 +4,7 @@ gradient, in parallel passes over the rows.
 Per row the forward takes the max over kept entries and writes x - max (-inf where
 masked); numpy's vectorized exp follows (Numba calls the C library's exp one element at a
 time: 5x slower here), then each row is divided by its float64 sum. A row with no kept
-entry comes out all zeros, as the op's numpy reference (graphdist/ops/attention.py)
+entry comes out all zeros, as the op's numpy reference (graphdist/ops/softmax.py)
 defines. So three passes, not numpy's seven. The gradient is
 y (g - sum(g y)) per row. Every sum runs in source order (no fastmath), so the bits depend
 on the shape alone, never on the thread count; they differ from numpy's (its exp and its

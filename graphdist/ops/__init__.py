@@ -4,7 +4,7 @@ from graphdist.ops import (array, collectives, conv, division, math, nn,  # noqa
                            optim, pool, random, state)  # (each registers its ops)
 from graphdist.ops import (device_collectives, host_collectives,  # noqa: F401  (fused collectives)
                            mpi_collectives)
-from graphdist.ops import (attention, construct, einsum, layer_norm,  # noqa: F401
+from graphdist.ops import (attention, construct, einsum, layer_norm, softmax,  # noqa: F401
                            special)  # (transformer blocks)
 from graphdist.ops.core import OPS, Op, Symbolic, bind
 
