@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphdist import eager
 from graphdist.errors import TraceError
 from graphdist.ir import Var
 from graphdist.ir.types import is_float
@@ -132,7 +133,7 @@ def value_and_grad(fn, argnums=0):
     array([2., 2., 2.], dtype=float32)
     """
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    compiled = []
+    compiled: dict = {}          # traced -> its gd.function, made at the first eager call
 
     def traced(*args, **kwargs):
         with GradientTape() as tape:
@@ -157,10 +158,6 @@ def value_and_grad(fn, argnums=0):
                                 "taken with respect to float arrays (cast it first)")
         if current_tracer() is not None:
             return traced(*args, **kwargs)
-        if not compiled:
-            from graphdist.function import function
-
-            compiled.append(function(traced))
-        return compiled[0](*args, **kwargs)
+        return eager.compiled(compiled, traced, traced)(*args, **kwargs)
 
     return wrapper

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from graphdist import config
+from graphdist import config, eager
 from graphdist.ir import ArrayType, Graph, as_dtype
 from graphdist.distribute.values import PerReplica
 from graphdist.ops.core import Symbolic, current_tracer, is_python_scalar
@@ -632,3 +632,7 @@ def function(fn=None):
     if fn is None:
         return function
     return Function(fn)
+
+
+# the lower layers (value_and_grad, the strategies) compile eager calls through graphdist.eager
+eager.register(function)

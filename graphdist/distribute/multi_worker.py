@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from graphdist import eager
 from graphdist.distribute.cross_device_ops import MpiAllReduce
 from graphdist.distribute.strategy import MirroredStrategy
 
@@ -81,13 +82,10 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         self._group.abort(error)
 
     def _eager_reduce(self, op, value, axis):
-        from graphdist.function import function
-
-        fn = self._reduce_functions.get((op, axis))
-        if fn is None:
-            fn = self._reduce_functions[(op, axis)] = function(
-                lambda v: self.reduce(op, v, axis))
-        return fn(value)
+        """The reduce compiled, so that its all-reduce crosses the workers."""
+        compiled = eager.compiled(self._reduce_functions, (op, axis),
+                                  lambda v: self.reduce(op, v, axis))
+        return compiled(value)
 
     def __repr__(self) -> str:
         return (f"MultiWorkerMirroredStrategy(worker {self.worker_index} of "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphdist import eager
 from graphdist.distribute import context
 from graphdist.device.names import canonical, default_device, devices as all_devices
 from graphdist.distribute.input import DistributedDataset
@@ -326,14 +327,17 @@ class Strategy:
                 out = map_structure(_read_if_no_aggregate, out)
             return map_structure(lambda v: LocalValue((v,)) if isinstance(v, Symbolic)
                                  and not _is_mirrored_tensor(v) else v, out)
-        compiled = self._run_functions.get(fn)
-        if compiled is None:
-            from graphdist.function import function
-
-            compiled = function(lambda *a, **k: self.run(fn, a, k))
-            compiled.__name__ = getattr(fn, "__name__", "replica_fn")
-            self._run_functions[fn] = compiled
+        compiled = eager.compiled(self._run_functions, fn, self._run_in_trace(fn))
         return _on_devices(compiled(*args, **kwargs), self._devices)
+
+    def _run_in_trace(self, fn):
+        """run(fn) as a function of fn's arguments, named as fn, for gd.function to trace
+        (inside that trace, run takes the traced path above)."""
+        def replica_fn(*a, **k):           # a, k: what errors call the arguments, as before
+            return self.run(fn, a, k)
+
+        replica_fn.__name__ = getattr(fn, "__name__", "replica_fn")
+        return replica_fn
 
     def experimental_run_steps(self, fn, iterator, steps, initial_loop_values=None,
                                profile=False):
@@ -347,17 +351,15 @@ class Strategy:
         >>> ctx = strategy.experimental_run_steps(fn, iter(dist_dataset), steps=50)
         """
         from graphdist.distribute.multi_step import run_steps, step_body
-        from graphdist.function import function
 
         _require_cross_replica_context("experimental_run_steps", "call it outside "
                                        "strategy.run and outside gd.function")
         if current_tracer() is not None:
             raise RuntimeError("experimental_run_steps runs its own compiled loop: call it "
                                "from Python, not inside a gd.function")
-        key = (fn, bool(initial_loop_values))     # loop-carried values: an extra argument
-        compiled = self._run_steps_functions.get(key)
-        if compiled is None:
-            compiled = self._run_steps_functions[key] = function(step_body(self, fn, key[1]))
+        carries = bool(initial_loop_values)       # loop-carried values: an extra argument
+        compiled = eager.compiled(self._run_steps_functions, (fn, carries),
+                                  step_body(self, fn, carries))
         return run_steps(self, compiled, iterator, steps, initial_loop_values, profile)
 
     def reduce(self, op, value, axis=None):
