@@ -26,8 +26,9 @@ def _lint(tree: Path) -> subprocess.CompletedProcess:
 
 
 def _copy(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "graphdist", tmp_path / "graphdist",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("graphdist", "kernels"):        # kernels/: a root package of the contracts
+        shutil.copytree(ROOT / folder, tmp_path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
