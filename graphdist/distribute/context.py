@@ -11,6 +11,14 @@ from __future__ import annotations
 import threading
 
 _local = threading.local()
+# () -> the default strategy: distribute/strategy.py registers it when imported (the
+# strategies are built on this module, so it cannot import them)
+_default_strategy = None
+
+
+def register_default(default_strategy) -> None:
+    global _default_strategy
+    _default_strategy = default_strategy
 
 
 def _stack() -> list:
@@ -72,15 +80,11 @@ def get_strategy():
     stack = _stack()
     if stack:
         return stack[-1][0]
-    from graphdist.distribute.strategy import default_strategy
-
-    return default_strategy()
+    return _default_strategy()
 
 
 def _is_default(strategy) -> bool:
-    from graphdist.distribute.strategy import default_strategy
-
-    return strategy is default_strategy()
+    return strategy is _default_strategy()
 
 
 def has_strategy() -> bool:
@@ -96,9 +100,7 @@ def get_replica_context():
     stack = _stack()
     if stack:
         return stack[-1][1]
-    from graphdist.distribute.strategy import default_strategy
-
-    return default_strategy().default_replica_context
+    return _default_strategy().default_replica_context
 
 
 def in_cross_replica_context() -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 
 from graphdist.distribute.context import get_replica_context
-from graphdist.distribute.values import LocalValue
+from graphdist.distribute.values import LocalValue, as_reduce_op
 from graphdist.ops.core import Symbolic
 
 
@@ -49,9 +49,7 @@ class MultiStepContext:
         replica context: `output` is what strategy.run returned) or inside the replica
         function; with `reduce_op`, reduced as strategy.reduce(reduce_op, output, axis=None)
         (in a replica: its all-reduce)."""
-        from graphdist.distribute.strategy import _reduce_op
-
-        op = None if reduce_op is None else _reduce_op(reduce_op)
+        op = None if reduce_op is None else as_reduce_op(reduce_op)
         replica = get_replica_context()
         n = self._strategy.num_replicas_in_sync
         if replica is not None and n > 1:           # inside the replica function

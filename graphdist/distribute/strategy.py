@@ -17,20 +17,12 @@ from graphdist.device.names import canonical, default_device, devices as all_dev
 from graphdist.distribute.input import DistributedDataset
 from graphdist.device.backends import host_value
 from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, ValueContext,
-                                         VariableAggregation, _as_tensor_value, map_structure)
+                                         VariableAggregation, _as_tensor_value, as_reduce_op,
+                                         map_structure)
 from graphdist.ir import Var
 from graphdist.ir.types import is_float
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.pytree import flatten, unflatten
-
-
-def _reduce_op(op) -> ReduceOp:
-    if isinstance(op, ReduceOp):
-        return op
-    try:
-        return ReduceOp(str(op).lower())
-    except ValueError:
-        raise ValueError(f"unknown reduce op {op!r}; use gd.ReduceOp.SUM or MEAN") from None
 
 
 def _local(value, n: int = 1, first: int = 0):
@@ -203,7 +195,7 @@ class ReplicaContext:
         from graphdist.distribute.sparse import all_reduce_gradients
         from graphdist.ops.sparse import IndexedSlices
 
-        op = _reduce_op(op)
+        op = as_reduce_op(op)
         n = self.num_replicas_in_sync
         if n == 1:
             return value
@@ -368,7 +360,7 @@ class Strategy:
         _require_cross_replica_context("reduce", "use gd.get_replica_context().all_reduce(op, "
                                        "value), or merge_call(merge_fn) to reduce in merge_fn")
         context.require_current(self, "strategy.reduce")
-        op = _reduce_op(op)
+        op = as_reduce_op(op)
         if isinstance(value, (list, tuple, dict)):   # a structure (as run returns): each leaf
             return map_structure(lambda v: self.reduce(op, v, axis), value)
         tracer = current_tracer()
@@ -530,3 +522,6 @@ def default_strategy() -> Strategy:
     if not _default:
         _default.append(_DefaultStrategy(default_device()))
     return _default[0]
+
+
+context.register_default(default_strategy)     # outside every scope, context answers with it

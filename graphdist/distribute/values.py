@@ -13,6 +13,16 @@ class ReduceOp(enum.Enum):
     MEAN = "mean"
 
 
+def as_reduce_op(op) -> ReduceOp:
+    """A ReduceOp, or its name in any case ("sum", "MEAN")."""
+    if isinstance(op, ReduceOp):
+        return op
+    try:
+        return ReduceOp(str(op).lower())
+    except ValueError:
+        raise ValueError(f"unknown reduce op {op!r}; use gd.ReduceOp.SUM or MEAN") from None
+
+
 class VariableSynchronization(enum.Enum):
     AUTO = "auto"
     NONE = "none"
