@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from graphdist.ir import ArrayType, Graph, Lit, Var
+from graphdist.ir import ArrayType, Graph, Lit, Var, evaluate
 from graphdist.ops import OPS
 from graphdist.ops.array import Const
 from graphdist.passes.core import substitute
@@ -43,9 +43,7 @@ def simplify(g: Graph) -> Graph:
                     and all(t.size <= FOLD_MAX_ELEMENTS for t in (v.ty for v in eqn.outputs)))
         values = [value_of(v) for v in eqn.inputs] if foldable else None
         if foldable and all(x is not None for x in values):
-            out = op.impl(np, *values, **dict(eqn.params))
-            outs = out if isinstance(out, tuple) else (out,)
-            for v, x in zip(eqn.outputs, outs):
+            for v, x in zip(eqn.outputs, _fold(eqn, value_of)):
                 consts[v] = np.asarray(x, dtype=v.ty.dtype).reshape(v.ty.shape)
             changed = True
             continue
@@ -71,6 +69,12 @@ def simplify(g: Graph) -> Graph:
             prologue.append(_constant_eqn(v, x))
     eqns = prologue + kept
     return substitute(replace(g, eqns=tuple(eqns)), eqns, mapping)
+
+
+def _fold(eqn, value_of) -> tuple:
+    """The values of eqn's outputs, its inputs all known: the eqn run alone by evaluate."""
+    known = tuple(dict.fromkeys(v for v in eqn.inputs if isinstance(v, Var)))
+    return evaluate(Graph(known, (eqn,), eqn.outputs), *(value_of(v) for v in known))
 
 
 def _constant_eqn(v: Var, x: np.ndarray):
