@@ -4,10 +4,11 @@ here; dropout with the random generator (graphdist/random.py); compute_average_l
 reads the replica context, in graphdist/distribute/loss.py."""
 
 from graphdist.distribute.loss import compute_average_loss  # noqa: F401
-from graphdist.nn.layers import (AvgPool2D, BatchNorm, Conv2D, Dense, Dropout,  # noqa: F401
-                                 Flatten, Layer, MaxPool2D, Sequential)
+from graphdist.nn.layers import (AvgPool2D, Conv2D, Dense, Dropout, Flatten,  # noqa: F401
+                                 Layer, MaxPool2D, Sequential)
 from graphdist.nn.embedding import Embedding, embedding_lookup  # noqa: F401
-from graphdist.nn.normalization import batch_normalization, moments  # noqa: F401
+from graphdist.nn.normalization import (BatchNorm, LayerNorm,  # noqa: F401
+                                        batch_normalization, layer_norm, moments)
 from graphdist.nn.policy import DTypePolicy  # noqa: F401
 from graphdist.ops.conv import conv2d  # noqa: F401
 from graphdist.ops.pool import avg_pool2d, max_pool2d  # noqa: F401
@@ -15,7 +16,6 @@ from graphdist.ops.math import relu, sigmoid, tanh  # noqa: F401
 from graphdist.ops.nn import (log_softmax, softmax, softmax_cross_entropy,  # noqa: F401
                               sparse_softmax_cross_entropy)
 from graphdist.random import dropout  # noqa: F401
-from graphdist.nn.attention import LayerNorm, MultiHeadAttention  # noqa: F401
+from graphdist.nn.attention import MultiHeadAttention  # noqa: F401
 from graphdist.ops.attention import causal_mask  # noqa: F401
-from graphdist.ops.layer_norm import layer_norm  # noqa: F401
 from graphdist.ops.special import gelu  # noqa: F401

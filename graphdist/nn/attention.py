@@ -1,7 +1,7 @@
-"""The transformer layers: LayerNorm and MultiHeadAttention, with Keras's names, shapes and
-defaults. MultiHeadAttention projects with einsum kernels shaped [d_model, num_heads, key_dim]
-(Keras's EinsumDense) held by sublayers, so checkpoints name them query/key/value/
-attention_output; the ops are gd.einsum, gd.nn.softmax(mask=) and gd.nn.layer_norm."""
+"""The transformer layers: MultiHeadAttention, with Keras's names, shapes and defaults (and
+LayerNorm, whose home is normalization.py). MultiHeadAttention projects with einsum kernels
+shaped [d_model, num_heads, key_dim] (Keras's EinsumDense) held by sublayers, so checkpoints
+name them query/key/value/attention_output; the ops are gd.einsum and gd.nn.softmax(mask=)."""
 
 from __future__ import annotations
 
@@ -11,56 +11,14 @@ import numpy as np
 
 from graphdist.errors import ShapeError
 from graphdist.nn.layers import Dropout, Layer, _dtype, _initial, _shape
+from graphdist.nn.normalization import LayerNorm  # noqa: F401  (its home; named here before)
 from graphdist.ops.array import cast, expand_dims
 from graphdist.ops.attention import causal_mask
 from graphdist.ops.construct import arange
-from graphdist.ops.core import normalize_axis
 from graphdist.ops.einsum import einsum
-from graphdist.ops.layer_norm import layer_norm
 from graphdist.ops.math import add, greater_equal, multiply, not_equal, where
 from graphdist.ops.nn import softmax
 from graphdist.trace import name_scope
-
-
-class LayerNorm(Layer):
-    """Normalize over `axis` (the last axis, or a tuple of trailing axes), then scale by
-    gamma and shift by beta (Keras's LayerNormalization; one fused op).
-
-    >>> y = gd.nn.LayerNorm()(np.ones((2, 4), np.float32))
-    """
-
-    default_name = "layer_normalization"
-
-    def __init__(self, axis=-1, epsilon: float = 1e-5, center: bool = True, scale: bool = True,
-                 beta_initializer="zeros", gamma_initializer="ones", name=None, dtype=None):
-        super().__init__(name, dtype)
-        self.axis = axis if isinstance(axis, (int, np.integer)) else tuple(axis)
-        self.epsilon, self.center, self.scale = float(epsilon), bool(center), bool(scale)
-        self.beta_initializer, self.gamma_initializer = beta_initializer, gamma_initializer
-
-    def build(self, input_shape):
-        ndim = len(input_shape)
-        axes = normalize_axis(f"LayerNorm '{self.name}'", self.axis, ndim, input_shape)
-        if axes != tuple(range(ndim - len(axes), ndim)):
-            raise ShapeError(f"LayerNorm '{self.name}': axis must be the last axis or trailing "
-                             f"axes, got {self.axis} for inputs of shape {input_shape}")
-        shape = tuple(input_shape[a] for a in axes)
-        if self.scale:
-            self.gamma = self.add_weight("gamma", _initial(self.gamma_initializer, shape,
-                                                           self.dtype))
-        if self.center:
-            self.beta = self.add_weight("beta", _initial(self.beta_initializer, shape,
-                                                         self.dtype))
-        given = self.axis if isinstance(self.axis, tuple) else (self.axis,)
-        if any(a >= 0 for a in given):          # axes counted from the front: a fixed rank
-            self.rank = ndim
-        self._fixed_axes = {a - ndim: input_shape[a] for a in axes}
-
-    def call(self, x, training=False):
-        gamma, beta = (cast(w, _dtype(x)) if w is not None else None
-                       for w in (getattr(self, "gamma", None), getattr(self, "beta", None)))
-        axes = tuple(range(-len(self._fixed_axes), 0))
-        return layer_norm(x, gamma, beta, axis=axes, epsilon=self.epsilon)
 
 
 class _Projection(Layer):

@@ -1,5 +1,5 @@
-"""gd.nn layers with Keras's names and defaults: Dense, Conv2D, MaxPool2D, AvgPool2D, BatchNorm,
-Dropout, Flatten, Sequential. Thin wrappers over the ops: a layer makes its variables on its
+"""gd.nn layers with Keras's names and defaults: Dense, Conv2D, MaxPool2D, AvgPool2D, Dropout,
+Flatten, Sequential (the normalization layers are in normalization.py). Thin wrappers over the ops: a layer makes its variables on its
 first call (from the input shape) under the current strategy, with concrete initial values
 even inside a trace (as optimizer slots are made during the first trace).
 Checkpoints find them through `_checkpoint_children` (structural names, not layer names)."""
@@ -13,17 +13,14 @@ import threading
 import numpy as np
 
 from graphdist import initializers
-from graphdist.distribute.context import get_replica_context
 from graphdist.distribute.values import VariableAggregation, VariableSynchronization
 from graphdist.errors import CheckpointError, ShapeError
-from graphdist.ir.types import LOW_PRECISION, is_float
-from graphdist.nn.normalization import batch_normalization, moments
+from graphdist.ir.types import is_float
 from graphdist.nn.policy import dtype_policy
-from graphdist.ops.array import cast, concat, reshape, split, stop_gradient
+from graphdist.ops.array import cast, reshape
 from graphdist.ops.conv import conv2d
 from graphdist.ops.pool import avg_pool2d, max_pool2d
-from graphdist.ops.math import (add, divide, matmul, maximum, multiply, reduce_sum, relu,
-                                sigmoid, square, subtract, tanh)
+from graphdist.ops.math import add, matmul, relu, sigmoid, tanh
 from graphdist.random import Generator, dropout
 from graphdist.trace import name_scope
 from graphdist.variables import Variable
@@ -379,92 +376,6 @@ class Dropout(Layer):
         return dropout(x, self.rate, generator=self.generator)
 
 
-class BatchNorm(Layer):
-    """Batch normalization over every axis but `axis` (Keras's BatchNormalization).
-
-    Training: normalize with the batch's mean and (biased) variance and move the moving
-    statistics toward them (moving = moving * momentum + batch * (1 - momentum)). Inference:
-    normalize with the moving statistics. Under a strategy the moving statistics are
-    sync-on-read MEAN variables: each replica updates its own component from its own batch,
-    and cross-replica reads and checkpoints see the mean over replicas (inference inside
-    strategy.run reads the replica's own component, as in TF). With
-    `synchronized=True` the batch statistics are those of the global batch: the per-replica
-    sums, sums of squares and counts cross replicas in one all-reduce.
-
-    >>> bn = gd.nn.BatchNorm(); y = bn(np.ones((4, 3), np.float32), training=True)
-    """
-
-    default_name = "batch_normalization"
-
-    def __init__(self, axis: int = -1, momentum: float = 0.99, epsilon: float = 1e-3,
-                 center: bool = True, scale: bool = True, synchronized: bool = False,
-                 name=None, dtype=None):
-        super().__init__(name, dtype)
-        self.axis, self.momentum, self.epsilon = int(axis), float(momentum), float(epsilon)
-        self.center, self.scale, self.synchronized = bool(center), bool(scale), synchronized
-
-    def build(self, input_shape):
-        ndim = len(input_shape)
-        if not -ndim <= self.axis < ndim:
-            raise ValueError(f"BatchNorm '{self.name}': axis {self.axis} is out of range for "
-                             f"inputs of shape {input_shape} (rank {ndim})")
-        size, dtype = input_shape[self.axis], self.dtype
-        if self.scale:
-            self.gamma = self.add_weight("gamma", np.ones(size, dtype))
-        if self.center:
-            self.beta = self.add_weight("beta", np.zeros(size, dtype))
-        stats = {"trainable": False, "synchronization": VariableSynchronization.ON_READ,
-                 "aggregation": VariableAggregation.MEAN}
-        self.moving_mean = self.add_weight("moving_mean", np.zeros(size, dtype), **stats)
-        self.moving_variance = self.add_weight("moving_variance", np.ones(size, dtype), **stats)
-        self.rank = ndim
-        self._fixed_axes = {self.axis: size}
-
-    def call(self, x, training=False):
-        low = _dtype(x) if _dtype(x) in LOW_PRECISION else None
-        if low is not None:     # as Keras: normalize float16/bfloat16 inputs in float32
-            x = cast(x, self.dtype)
-        y = self._normalize(x, training)
-        return cast(y, low) if low is not None else y
-
-    def _normalize(self, x, training):
-        ndim = len(_shape(x))
-        axis = self.axis % ndim
-        reduce_axes = tuple(a for a in range(ndim) if a != axis)
-        if training:
-            mean, variance = (self._global_moments(x, reduce_axes) if self.synchronized
-                              else moments(x, reduce_axes))
-            for moving, batch in ((self.moving_mean, mean), (self.moving_variance, variance)):
-                # TF's assign_moving_average: moving -= (moving - batch) * (1 - momentum)
-                moving.assign_sub(multiply(subtract(moving, stop_gradient(batch)),
-                                           1.0 - self.momentum))
-        else:
-            mean, variance = self.moving_mean, self.moving_variance
-        params = [mean, variance, getattr(self, "beta", None), getattr(self, "gamma", None)]
-        if axis != ndim - 1:        # per-channel vectors broadcast along `axis`
-            shape = tuple(-1 if a == axis else 1 for a in range(ndim))
-            params = [None if p is None else reshape(p, shape) for p in params]
-        mean, variance, beta, gamma = params
-        return batch_normalization(x, mean, variance, beta, gamma, self.epsilon)
-
-    def _global_moments(self, x, axes):
-        """Mean and variance of the global batch: one all-reduce of [sum, sum of squares,
-        count] (counts differ when shards do)."""
-        count = float(np.prod([_shape(x)[a] for a in axes]))
-        x32 = cast(x, "float32") if np.dtype(x.dtype).itemsize < 4 else x
-        total, squares = reduce_sum(x32, axis=axes), reduce_sum(square(x32), axis=axes)
-        ctx = get_replica_context()
-        if ctx is not None and ctx.num_replicas_in_sync > 1:
-            size = _shape(total)[0]
-            packed = concat([total, squares, np.full((1,), count, x32.dtype)], axis=0)
-            total, squares, count = split(ctx.all_reduce("sum", packed), [size, size, 1])
-        mean = divide(total, count)
-        variance = maximum(subtract(divide(squares, count), square(mean)), 0.0)
-        if x32 is not x:
-            mean, variance = cast(mean, x.dtype), cast(variance, x.dtype)
-        return mean, variance
-
-
 class Sequential(Layer):
     """Layers applied in order; `training` is passed to each.
 
@@ -494,5 +405,5 @@ class Sequential(Layer):
         return x
 
 
-__all__ = ["AvgPool2D", "BatchNorm", "Conv2D", "Dense", "Dropout", "Flatten", "Layer",
-           "MaxPool2D", "Sequential"]
+__all__ = ["AvgPool2D", "Conv2D", "Dense", "Dropout", "Flatten", "Layer", "MaxPool2D",
+           "Sequential"]
