@@ -12,10 +12,11 @@ from graphdist.ir.types import ArrayType
 
 
 def evaluate(g: Graph, *args, state: dict | None = None):
-    """Run `g` on numpy. Returns the results as a tuple; a graph that holds variables takes
-    their values as `state={ref: array}` (`ref` a `g.variables` entry, e.g. `w.ref`) and
-    returns `(results, new_state)`. A variable held once per replica takes a sequence of
-    its components, one per replica, and gives one back.
+    """Run `g` on numpy; returns its results as a tuple. Variables' values come in as
+    `state={ref: array}` (`ref` a `g.variables` entry, e.g. `w.ref`; required when the graph
+    holds any), and with `state` given the call returns `(results, new_state)`, new_state
+    keyed the same. A variable held once per replica takes (and gives back) a sequence of
+    its components, one per replica.
 
     >>> results = evaluate(f.get_graph(x), x)                    # doctest: +SKIP
     """
@@ -35,7 +36,7 @@ def evaluate(g: Graph, *args, state: dict | None = None):
     values = [np.asarray(v.value, v.ty.dtype) if isinstance(v, Lit) else env[v]
               for v in g.outputs]
     results = tuple(values[: g.num_results])
-    if not g.variables:
+    if state is None:
         return results
     new_state: dict = {}
     for ref, x in zip(g.variables, values[g.num_results:]):
