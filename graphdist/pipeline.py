@@ -27,7 +27,7 @@ from graphdist.errors import TraceError, first_use_text
 from graphdist.ir import Graph
 from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code, place,
                               run_passes, schedule)
-from graphdist.passes.collectives import lower_collectives
+from graphdist.passes.collectives import lower_collectives, lowering_for
 from graphdist.passes.core import Stage
 from graphdist.passes.fuse import fuse_optimizer, fuse_reduce_update
 from graphdist.passes.merge import CannotMerge, merge_replicas
@@ -118,7 +118,7 @@ def replicated(graphs: list[Graph], strategy, shared_args=(),
                              first_use_text(graphs[0], v) or None)
     mode = config.device_concurrency()
     gpu = any(map(is_gpu, devices))
-    across = strategy.cross_device_ops.lowering == "mpi"     # workers in other processes
+    across = lowering_for(strategy.cross_device_ops).crosses_processes
     if mode == "merged" and not gpu and not across:
         merged = _merged(graphs, devices, shared_args, stages)
         if merged is not None:

@@ -19,7 +19,8 @@ import graphdist as gd
 from graphdist.ir.types import ArrayType
 from graphdist.ops import OPS, bind
 from graphdist.ops.array import Const, _index_param, getitem
-from graphdist.ops.collectives import all_gather, all_reduce, broadcast, replica_id
+from graphdist.ops.collectives import (all_gather, all_reduce, broadcast, reduce_scatter,
+                                       replica_id)
 
 F64 = np.float64
 
@@ -384,7 +385,13 @@ def _sum_duplicates(rng):
 
 def _all_gather(rng):       # one replica: the identity (tests/test_sparse.py: n replicas)
     return [Case((_u(rng, 3, 2),), lambda x: all_gather(x, 1), lambda x: x.copy(),
-                 params={"n": 1}, diff=())]
+                 params={"n": 1})]
+
+
+def _reduce_scatter(rng):   # one replica: its one shard is the whole value, flattened
+    # (n replicas: tests/test_collective_lowerings.py)
+    return [Case((_u(rng, 3, 2),), lambda x, op=op: reduce_scatter(x, op, 1),
+                 lambda x: x.reshape(-1), params={"op": op, "n": 1}) for op in ("sum", "mean")]
 
 
 _PHILOX = {"dist": "uniform", "shape": (3, 4), "dtype": np.dtype("float32")}
@@ -443,6 +450,7 @@ CASES = {
                                + _collective(all_reduce, op="mean")(rng)),
     "broadcast": _collective(broadcast, source=0),
     "all_gather": _all_gather,
+    "reduce_scatter": _reduce_scatter,
     "gather": _gather,
     "check_indices": _check_indices,
     "scatter_rows": _scatter_rows,
@@ -476,6 +484,8 @@ INTERNAL_TESTED_ELSEWHERE = {
     "adam_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
     "host_all_reduce": "tests/test_cross_device_ops.py (a lowering of all_reduce)",
     "host_all_gather": "tests/test_sparse.py (a lowering of all_gather)",
+    "host_reduce_scatter": "tests/test_collective_lowerings.py (a lowering of reduce_scatter)",
+    "mpi_reduce_scatter": "tests/test_collective_lowerings.py (2 MPI workers)",
     "mpi_all_reduce": "tests/test_multi_worker.py (2 MPI workers; needs a process group)",
     "mpi_all_gather": "tests/test_multi_worker.py (sparse gradients across 2 workers)",
     "mpi_broadcast": "tests/test_multi_worker.py (made by the mpi lowering of broadcast)",

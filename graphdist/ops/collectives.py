@@ -5,10 +5,20 @@ are the identity.
 
 vjp rules: the cotangent of all_reduce[op=sum] is an all_reduce[op=sum] of the incoming
 cotangents (mean: a mean); broadcast's is a sum back to the source, which in SPMD form is
-again an all_reduce[op=sum].
+again an all_reduce[op=sum]; reduce_scatter's is an all_gather of the shards' cotangents
+(divided by n for a mean) and all_gather's a reduce_scatter[op=sum] of its cotangent.
+
+Shards (reduce_scatter's results, all_gather's inputs of uneven size): the flattened value
+cut into n contiguous near-equal chunks, the first ones one larger (`shard_sizes`, as the
+data split and the ring's segments cut); replica r holds chunk r. A chunk may be empty (a
+value of fewer elements than replicas). In the logical graph, traced once for every
+replica, a shard is typed as replica 0's (the largest); the replication pass types each
+replica's own (`replica_types`).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -53,22 +63,139 @@ broadcast_p.def_impl(lambda xp, x, *, source: (x,))
 broadcast_p.def_vjp(lambda cts, x, *, source: (all_reduce(cts[0], "sum"),))
 broadcast_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in ins)))
 
+def shard_sizes(size: int, n: int) -> list[int]:
+    """Sizes of the n contiguous near-equal chunks of `size` elements, the first ones one
+    larger: replica r's shard of a reduce_scatter.
+
+    >>> shard_sizes(10, 4)
+    [3, 3, 2, 2]
+    """
+    q, r = divmod(int(size), int(n))
+    return [q + (i < r) for i in range(int(n))]
+
+
+def shard_offsets(size: int, n: int) -> list[int]:
+    """Where each replica's shard starts in the flattened value (n + 1 entries: the last is
+    `size`)."""
+    out = [0]
+    for s in shard_sizes(size, n):
+        out.append(out[-1] + s)
+    return out
+
+
+def _check_replicas(name: str, n) -> int:
+    if int(n) < 1:
+        raise ValueError(f"{name}: n (the replica count) must be >= 1, got {n}")
+    return int(n)
+
+
 # every replica's value, concatenated along axis 0 in replica order (n x its rows): how
 # sparse gradients cross replicas (distribute/sparse.py). `n` is the replica count, so the
-# logical graph knows the gathered shape.
-all_gather_p = Op("all_gather", collective=True, num_outputs=None, differentiable=False)
+# logical graph knows the gathered shape. With `total`, the replicas hold the shards of a
+# flat value of `total` elements (reduce_scatter's results, of near-equal sizes) and every
+# replica gets the whole value back. `first`: the global replica of the first input (a
+# worker's N-way node holds only its own replicas).
+all_gather_p = Op("all_gather", collective=True, num_outputs=None)
 
 
 @all_gather_p.def_shape
-def _all_gather_shape(*xs, n):
-    _same_types("all_gather", xs)
-    if xs[0].ndim == 0:
-        raise ValueError(f"all_gather: cannot concatenate scalars ({xs[0]}); reshape to 1-D")
-    return (ArrayType((n * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype),) * len(xs)
+def _all_gather_shape(*xs, n, total=None, first=0):
+    _check_replicas("all_gather", n)
+    if total is None:
+        _same_types("all_gather", xs)
+        if xs[0].ndim == 0:
+            raise ValueError(f"all_gather: cannot concatenate scalars ({xs[0]}); reshape to 1-D")
+        return (ArrayType((n * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype),) * len(xs)
+    sizes = shard_sizes(total, n)
+    for k, x in enumerate(xs):
+        want = sizes[first + k] if len(xs) > 1 else None    # logical: any replica's shard
+        if x.ndim != 1 or x.dtype != xs[0].dtype or x.shape[0] not in (want,) + (
+                () if want is not None else tuple(sizes)):
+            raise ValueError(f"all_gather(total={total}, n={n}): replica {first + k} holds "
+                             f"{x}; expected a flat shard of "
+                             f"{sizes[first + k] if want is not None else sizes} "
+                             f"{xs[0].dtype} elements (contiguous near-equal chunks, the "
+                             "first ones one larger)")
+    return (ArrayType((int(total),), xs[0].dtype),) * len(xs)
 
 
-all_gather_p.def_impl(lambda xp, x, *, n: (xp.concatenate([x] * n),))
+@all_gather_p.def_impl
+def _all_gather_impl(xp, *xs, n, total=None, first=0):
+    """Every output is the inputs concatenated in replica order; a lone input (an eager
+    call, one replica) stands for every replica."""
+    parts = list(xs) if len(xs) == n or total is None and len(xs) > 1 else [xs[0]] * n
+    out = xp.concatenate(parts)
+    out = out if total is None else out[:int(total)]
+    return tuple(out.copy() for _ in xs)
+
+
+@all_gather_p.def_vjp
+def _all_gather_vjp(cts, x, *, n, total=None, first=0):
+    """Replica r's value reaches every replica at its rows: its cotangent is the sum of
+    every replica's cotangent at those rows, the rows of r's shard: a reduce_scatter."""
+    from graphdist.ops.array import reshape
+
+    return (reshape(reduce_scatter(cts[0], "sum", n), x.shape),)
+
+
 all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))
+
+
+def _all_gather_types(xs, start: int, *, n, total=None, first=0) -> tuple:
+    return _all_gather_shape(*xs, n=n, total=total, first=start)
+
+
+all_gather_p.replica_types = _all_gather_types
+
+# each replica's shard (flattened, near-equal chunks: `shard_sizes`) of the sum (or mean)
+# of every replica's value: the first half of a ring all-reduce, what sharded optimizer
+# state reads its gradients with. `n`: the replica count; `first`: as all_gather's.
+reduce_scatter_p = Op("reduce_scatter", collective=True, num_outputs=None)
+
+
+@reduce_scatter_p.def_shape
+def _reduce_scatter_shape(*xs, op, n, first=0):
+    _check_replicas("reduce_scatter", n)
+    reduce_types("reduce_scatter", xs, op)
+    sizes = shard_sizes(xs[0].size, n)
+    return tuple(ArrayType((sizes[first + k],), xs[0].dtype) for k in range(len(xs)))
+
+
+@reduce_scatter_p.def_impl
+def _reduce_scatter_impl(xp, *xs, op, n, first=0):
+    """The sum of the inputs in replica order (a mean divides by n), cut into shards;
+    output k is replica first + k's. A lone input (an eager call) is one replica's."""
+    total = xp.array(xs[0], copy=True).reshape(-1)
+    for x in xs[1:]:
+        total = total + x.reshape(-1)
+    if op == "mean" and n > 1:
+        total = total / total.dtype.type(n)
+    at = shard_offsets(total.size, n)
+    return tuple(total[at[first + k]:at[first + k + 1]].copy() for k in range(len(xs)))
+
+
+@reduce_scatter_p.def_vjp
+def _reduce_scatter_vjp(cts, x, *, op, n, first=0):
+    """Every replica's value adds into every shard: its cotangent is every shard's
+    cotangent, gathered (divided by n for a mean) and shaped as the value."""
+    from graphdist.ops.array import reshape
+    from graphdist.ops.math import divide
+
+    gathered = all_gather(cts[0], n, total=math.prod(x.shape))
+    if op == "mean" and n > 1:
+        gathered = divide(gathered, np.asarray(n, x.dtype))
+    return (reshape(gathered, x.shape),)
+
+
+reduce_scatter_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
+                                                  sum(t.nbytes for t in ins + outs)))
+
+
+def _reduce_scatter_types(xs, start: int, *, op, n, first=0) -> tuple:
+    return _reduce_scatter_shape(*xs, op=op, n=n, first=start)
+
+
+reduce_scatter_p.replica_types = _reduce_scatter_types
 
 copy_p = Op("copy_to", collective=True)  # the one cross-device edge: runs on `device`
 copy_p.def_shape(lambda x, *, device: x)
@@ -94,9 +221,20 @@ def _all_reduce_constant(x, op: str):
     return np.asarray(np.sum(np.broadcast_to(x, (n, *x.shape)), axis=0, dtype=x.dtype))
 
 
-def all_gather(x, n: int):
-    """Every replica's `x` (each of the same shape), concatenated in replica order."""
-    return bind(all_gather_p, x, n=int(n))[0]
+def all_gather(x, n: int, total: int | None = None):
+    """Every replica's `x` (each of the same shape), concatenated in replica order; with
+    `total`, each replica's `x` is its flat shard of a value of `total` elements (as
+    reduce_scatter leaves it) and every replica gets the whole flat value."""
+    if total is None:
+        return bind(all_gather_p, x, n=int(n))[0]
+    return bind(all_gather_p, x, n=int(n), total=int(total))[0]
+
+
+def reduce_scatter(x, op: str = "sum", n: int = 1):
+    """This replica's shard of the sum (or mean) over the n replicas of `x`: the flattened
+    result cut into n contiguous near-equal chunks, the first ones one larger; replica r
+    gets chunk r (see `shard_sizes`). all_gather(shard, n, total=x.size) inverts it."""
+    return bind(reduce_scatter_p, x, op=op, n=int(n))[0]
 
 
 def broadcast(x, source: int = 0):

@@ -65,9 +65,13 @@ host_all_gather_p = Op("host_all_gather", collective=True, num_outputs=None,
 
 @host_all_gather_p.def_shape
 def _host_all_gather_shape(*xs):
+    """Rows add up: values of one type, or the flat shards of one value (uneven sizes)."""
     from graphdist.ops.collectives import all_gather_p
 
-    return all_gather_p.shape_rule(*xs, n=len(xs))
+    if all(x == xs[0] for x in xs) or any(x.ndim != 1 or x.dtype != xs[0].dtype for x in xs):
+        return all_gather_p.shape_rule(*xs, n=len(xs))
+    total = sum(x.shape[0] for x in xs)
+    return all_gather_p.shape_rule(*xs, n=len(xs), total=total)
 
 
 host_all_gather_p.def_impl(lambda xp, *xs: tuple(xp.concatenate(xs) for _ in xs))
@@ -80,6 +84,53 @@ def _host_all_gather_out(xp, outs, *xs):
 
 
 host_all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))
+
+
+# ---------------------------------------------------------------- reduce-scatter
+# inputs: one flat buffer per replica; outputs: each replica's shard (near-equal chunks,
+# the first ones one larger) of the sum in replica order, each written once: the part of a
+# host_all_reduce a sharded update reads
+host_reduce_scatter_p = Op("host_reduce_scatter", collective=True, num_outputs=None,
+                           differentiable=False)
+
+
+@host_reduce_scatter_p.def_shape
+def _host_reduce_scatter_shape(*xs, op):
+    from graphdist.ops.collectives import reduce_scatter_p
+
+    return reduce_scatter_p.shape_rule(*xs, op=op, n=len(xs))
+
+
+@host_reduce_scatter_p.def_impl
+def _host_reduce_scatter_impl(xp, *xs, op):
+    from graphdist.ops.collectives import reduce_scatter_p
+
+    return reduce_scatter_p.impl(xp, *xs, op=op, n=len(xs))
+
+
+@host_reduce_scatter_p.def_out(may_alias=True)   # outs[k] may alias xs[k]: read first
+def _host_reduce_scatter_out(xp, outs, *xs, op):
+    """Each shard summed straight into its output, in replica order (no full buffer)."""
+    from graphdist.ops.collectives import shard_offsets
+
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    at = shard_offsets(xs[0].size, len(xs))
+    flats = [x.reshape(-1) for x in xs]
+    sums = []
+    for k in range(len(outs)):
+        part = slice(at[k], at[k + 1])
+        acc = flats[0][part].copy()
+        for x in flats[1:]:
+            xp.add(acc, x[part], out=acc)
+        if op == "mean":
+            xp.divide(acc, acc.dtype.type(len(xs)), out=acc)
+        sums.append(acc)
+    for out, acc in zip(outs, sums):     # after every read: an output may be an input
+        xp.copyto(out, acc)
+
+
+host_reduce_scatter_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
+                                                       sum(t.nbytes for t in ins + outs)))
 
 
 # ---------------------------------------------------------------- all-reduce + update

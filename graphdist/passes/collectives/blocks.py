@@ -1,0 +1,106 @@
+"""The building blocks every lowering emits with: copies between devices, adds in a fixed
+order, the mean's division, flattening views, shard views and one fused N-way node."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdist.ir import ArrayType, Eqn, Lit, Var
+from graphdist.ir.builder import Builder
+from graphdist.ops import OPS
+from graphdist.ops.collectives import shard_offsets, shard_sizes
+
+
+def finish_mean(b: Builder, total: Var, n: int, device: str, op: str) -> Var:
+    """Mean = sum / n, divided (not multiplied by 1/n) as the reduce kernels do."""
+    if op == "sum" or n == 1:
+        return total
+    return b.add1(OPS["div"], [total, _lit(n, total)], device)
+
+
+def _lit(value, like: Var):
+    return Lit(np.asarray(value, dtype=like.ty.dtype)[()], ArrayType((), like.ty.dtype))
+
+
+def sum_in_order(b: Builder, parts: list[Var], device: str) -> Var:
+    total = parts[0]
+    for p in parts[1:]:
+        total = b.add1(OPS["add"], [total, p], device)
+    return total
+
+
+def copy_to(b: Builder, x: Var, device: str) -> Var:
+    return x if x.device == device else b.add1(OPS["copy_to"], [x], device, device=device)
+
+
+def near_equal(total: int, parts: int) -> list[int]:
+    """Sizes of `parts` contiguous slices of `total`, the first ones one larger (the shards
+    of a reduce_scatter, the ring's segments).
+
+    >>> near_equal(10, 4)
+    [3, 3, 2, 2]
+    """
+    return shard_sizes(total, parts)
+
+
+def groups_of(devices, num_groups: int) -> list[tuple]:
+    """Contiguous near-equal slices of `devices`; fewer groups when there are fewer devices.
+
+    >>> groups_of(("cpu:0", "cpu:1", "cpu:2"), 2)
+    [('cpu:0', 'cpu:1'), ('cpu:2',)]
+    """
+    out, start = [], 0
+    for size in near_equal(len(devices), min(num_groups, len(devices))):
+        out.append(tuple(devices[start:start + size]))
+        start += size
+    return out
+
+
+def reshaped(b: Builder, x: Var, shape: tuple) -> Var:
+    return x if x.ty.shape == shape else b.add1(OPS["reshape"], [x], x.device, shape=shape)
+
+
+def concat_on(b: Builder, parts: list[Var], device: str) -> Var:
+    """parts concatenated along axis 0 on `device` (one part: itself)."""
+    return parts[0] if len(parts) == 1 else b.add1(OPS["concat"], parts, device, axis=0)
+
+
+def flat_slice(b: Builder, x: Var, start: int, stop: int) -> Var:
+    """Elements [start, stop) of x flattened, as a view on x's device."""
+    flat = reshaped(b, x, (x.ty.size,))
+    if (start, stop) == (0, x.ty.size):
+        return flat
+    return b.add1(OPS["getitem"], [flat], x.device, index=(("slice", start, stop, None),))
+
+
+def shard_of(b: Builder, total: Var, n: int, replica: int) -> Var:
+    """Replica `replica`'s shard (of n) of `total`, flattened: a view where total lives."""
+    at = shard_offsets(total.ty.size, n)
+    return flat_slice(b, total, at[replica], at[replica + 1])
+
+
+def shards_on_devices(b: Builder, totals: list[Var], n: int, devices: tuple,
+                      first: int = 0) -> list[Var]:
+    """Each device's shard, cut from the total it can see (totals[d] may live elsewhere:
+    then only the shard is copied)."""
+    return [copy_to(b, shard_of(b, totals[d], n, first + d), dev)
+            for d, dev in enumerate(devices)]
+
+
+def fused_node(b: Builder, name: str, xs: list[Var], devices: tuple, params: dict,
+               flatten: bool = True) -> list[Var]:
+    """One node of op `name` on the first device reading every replica's value (flattened
+    with views when `flatten`) and writing one result per device, typed by the op."""
+    ins = [reshaped(b, x, (x.ty.size,)) for x in xs] if flatten else list(xs)
+    params = tuple(params.items())
+    types = OPS[name].out_types(*(x.ty for x in ins), **dict(params))
+    outs = tuple(Var(ty, None, dev) for ty, dev in zip(types, devices))
+    b.eqns.append(Eqn(OPS[name], tuple(ins), outs, params, device=devices[0], scope=b.scope))
+    return list(outs)
+
+
+def require_kind(who: str, devices, kind: str, hint: str) -> None:
+    wrong = [dev for dev in devices if not str(dev).startswith(kind + ":")]
+    if wrong:
+        raise ValueError(f"{who}: expected only {kind} devices, got "
+                         f"{list(devices)} ({', '.join(wrong)} not {kind}); {hint}")
