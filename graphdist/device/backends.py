@@ -2,55 +2,12 @@
 
 CuPy is imported only when a gpu:N device is used, so `import graphdist` needs no CUDA.
 A host backend has no streams: its `enter`, `record` and `wait` are never called (the
-lowering asks `ordered` first).
+lowering asks `ordered` first). The base class and the host's helpers are in host.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-
-import numpy as np
-
-
-class Backend:
-    """What the lowering and the variables need from a device."""
-
-    kind = "cpu"          # the key into runtime/kernel_table.py
-    xp = np               # numpy or cupy
-    ordered = False       # True: work is queued on a stream; cross-device reads need events
-
-    def __init__(self, device: str = "cpu:0"):
-        self.device = device
-
-    def empty(self, shape, dtype):
-        return self.xp.empty(shape, dtype=dtype)
-
-    def from_host(self, value):
-        """A new array on this device holding `value` (a numpy array or scalar)."""
-        return np.array(host_value(value))
-
-    def to_device(self, value):
-        """A step argument on this device: copied, unless it already lies there."""
-        return self.from_host(value)
-
-    def to_host(self, array) -> np.ndarray:
-        """A numpy array with the device array's value (the array itself on the host)."""
-        return array
-
-    def copy_in(self, dst, src) -> None:
-        """Overwrite device array `dst` with host value `src` (same shape)."""
-        np.copyto(dst, src)
-
-    def current(self):
-        """A context in which array calls run on this device (for work done at compile
-        time; the compiled program switches devices itself)."""
-        return contextlib.nullcontext()
-
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.device!r})"
-
+from graphdist.device.host import Backend, host_value, is_device_array  # noqa: F401
 
 CPU = Backend()
 
@@ -61,16 +18,3 @@ def backend_for(device: str) -> Backend:
     from graphdist.device.gpu import gpu_backend  # lazily: imports cupy
 
     return gpu_backend(device)
-
-
-def is_device_array(x) -> bool:
-    """A GPU array: CuPy's, or any other with the CUDA array interface."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(x, cupy.ndarray):
-        return True
-    return not isinstance(x, np.ndarray) and hasattr(x, "__cuda_array_interface__")
-
-
-def host_value(x):
-    """x as a host value: device arrays are copied to the host, anything else is kept."""
-    return x.get() if is_device_array(x) and hasattr(x, "get") else x

@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from graphdist.device.backends import Backend
+from graphdist.device.host import Backend
 
 
 def cupy():
