@@ -255,6 +255,13 @@ def _launch(args) -> int:
         return 130
 
 
+def _lowering_names() -> tuple:
+    """The registered collective lowerings (passes/collectives), each with a cost model."""
+    from graphdist.passes.collectives import LOWERINGS
+
+    return tuple(LOWERINGS)
+
+
 def _simulate(args) -> int:
     """Predicted step time per device count of a builder's step (graphdist/simulate.py)."""
     import json
@@ -371,9 +378,10 @@ def main(argv=None) -> int:
     simulate.add_argument("--link", default=None, help="latency=5us,bandwidth=25GB/s "
                           "(default; with --shared-host: the calibrated host copy)")
     simulate.add_argument("--cross-device-ops", default=None, metavar="NAME",
-                          help="ring, hierarchical, one_device, host, nccl or mpi (default: "
-                               "the builder's; its host all-reduce becomes ring; mpi without "
-                               "--link: the MPI link calibrated on this host)")
+                          choices=_lowering_names(),
+                          help=f"{', '.join(_lowering_names())} (default: the builder's; its "
+                               "host all-reduce becomes ring; mpi without --link: the MPI "
+                               "link calibrated on this host)")
     simulate.add_argument("--calibrate", action="store_true",
                           help="measure this machine again and rewrite the calibration file")
     simulate.add_argument("--calibration", default=None, metavar="PATH",

@@ -1,12 +1,15 @@
-"""Cross-device ops: configuration only. Each class names how a logical all_reduce is
-lowered (`lowering`, a name in passes/collectives.py) and with which options; the lowering
-itself lives there, with every other one."""
+"""Cross-device ops: configuration only. Each class names how the step's collectives
+(all_reduce, reduce_scatter, all_gather, broadcast) are lowered (`lowering`, a name in the
+registry of passes/collectives) and with which options (`options()`: the fields of that
+`Lowering`); the lowering itself, with its cost model, lives there with every other one."""
 
 from __future__ import annotations
 
 
 class CrossDeviceOps:
-    """Base: a lowering name and its options (`options()`), checked when constructed."""
+    """Base: a registered lowering's name and its options (`options()`), checked when
+    constructed. A new one names a `Lowering` registered with
+    `graphdist.passes.collectives.register`."""
 
     lowering: str = ""
 
