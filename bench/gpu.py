@@ -102,8 +102,8 @@ def _kernel_layouts(cupy, rng, shapes) -> dict:
         hyper = cupy.asarray(np.array([LR, B1, B2, EPS]))   # as a compiled step has it
         ps, gs = ([cupy.asarray(rng.standard_normal(n).astype(np.float32) * scale)
                    for n in shapes] for scale in (1.0, 1e-2))
-        tensors = [ps, gs, [cupy.zeros(n, np.float32) for n in shapes],
-                   [cupy.zeros(n, np.float32) for n in shapes]]        # p, g, m, v
+        tensors = [ps, [cupy.zeros(n, np.float32) for n in shapes],
+                   [cupy.zeros(n, np.float32) for n in shapes], gs]    # p, m, v, g
         flat = [cupy.concatenate(ts) for ts in tensors]
     return {"kernel: separate tensors": _synced(lambda: adam_multi_gpu(
                 tensors[0], tensors[1], tensors[2], tensors[3], hyper=hyper)),

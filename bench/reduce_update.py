@@ -47,10 +47,10 @@ def main(repeat: int = 30) -> dict:
             for k in range(REPLICAS):
                 part = slice(k * n, (k + 1) * n)
                 if kind == "adam":
-                    adam.adam_multi_cpu(ps[part], views[k], ms[part], vs[part], lr_t, 0.9, 0.999,
+                    adam.adam_multi_cpu(ps[part], ms[part], vs[part], views[k], lr_t, 0.9, 0.999,
                                         1e-7)
                 else:
-                    sgd.sgd_multi_cpu(ps[part], views[k], ms[part], 1e-3, 0.9)
+                    sgd.sgd_multi_cpu(ps[part], ms[part], views[k], 1e-3, 0.9)
         return run
 
     def fused(kind):

@@ -1,6 +1,7 @@
-"""Adam and AdamW (TF epsilon placement) as fused kernels. Callers pass the bias-corrected
-lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t), and AdamW's decoupled decay as weight_decay_lr = lr * wd;
-the GPU kernels also take them as the float64 device vector a compiled step makes (`hyper`).
+"""Adam and AdamW (TF epsilon placement, formulas.adam) as fused kernels, taking the
+adam_update op's argument order (p, m, v, g). Callers pass the bias-corrected
+lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t), and AdamW's decoupled decay as weight_decay_lr = lr * wd,
+or the float64 AdamHyper vector a compiled step makes (`hyper`: on the device for the GPU).
 
 Multi-tensor form. CPU: one njit(parallel) call takes typed Lists of flat views and pranges over
 a (tensor, start, stop) table of 64K-element chunks, so tiny and huge tensors share the threads.
@@ -17,10 +18,9 @@ so the fused update runs at the bandwidth limit. Rebuilding 4 typed Lists costs 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-import numpy as np
+import numpy as np  # noqa: F401 (the examples)
 from numba import cuda, njit, prange
 
 from .common import (
@@ -40,220 +40,195 @@ from .common import (
     tuple_groups,
     threads_for,
 )
+from .formulas import AdamHyper, adam, adam_scalars, scalar_form
+
+# the one Adam formula (formulas.adam), compiled for the loops below; arguments in the
+# adam_update op's order (p, m, v, g), as every function here takes them
+_adam_cpu_math = njit(error_model="numpy", cache=True)(scalar_form(adam))
+_adam_gpu_math = cuda.jit(device=True)(scalar_form(adam))
+_adam_gpu_hyper = cuda.jit(device=True)(adam_scalars)
 
 
-def _adam_math(
-    p, g, m, v, lr_t, beta_1, one_minus_beta_1, beta_2, one_minus_beta_2, epsilon, weight_decay_lr
-):
-    if weight_decay_lr != 0:
-        p = p - weight_decay_lr * p
-    m = beta_1 * m + one_minus_beta_1 * g
-    v = beta_2 * v + one_minus_beta_2 * g * g
-    return p - lr_t * m / (math.sqrt(v) + epsilon), m, v
+def adam_ref(p, m, v, g, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0):
+    """The spec: returns new (p, m, v), formulas.adam over whole arrays, with the scalars
+    rounded to the arrays' dtype (as numpy rounds Python floats, NEP 50). weight_decay_lr
+    != 0 makes it AdamW.
 
-
-_adam_cpu_math = njit(error_model="numpy", cache=True)(_adam_math)
-_adam_gpu_math = cuda.jit(device=True)(_adam_math)
-
-
-def adam_ref(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0):
-    """The spec: returns new (p, m, v). weight_decay_lr != 0 makes it AdamW.
-
-    Scalars are Python floats, so numpy computes in the arrays' dtype (NEP 50).
-
-    >>> adam_ref(np.ones(1), np.ones(1), np.zeros(1), np.zeros(1), 0.1, 0.0, 0.0, 0.0)[0]
+    >>> adam_ref(np.ones(1), np.zeros(1), np.zeros(1), np.ones(1), 0.1, 0.0, 0.0, 0.0)[0]
     array([0.9])
     """
-    lr_t, beta_1, beta_2 = float(lr_t), float(beta_1), float(beta_2)
-    epsilon, weight_decay_lr = float(epsilon), float(weight_decay_lr)
-    if weight_decay_lr:
-        p = p - weight_decay_lr * p
-    m = beta_1 * m + (1 - beta_1) * g
-    v = beta_2 * v + (1 - beta_2) * g * g
-    return p - lr_t * m / (np.sqrt(v) + epsilon), m, v
+    return adam(p, m, v, g, *_host_scalars(p, lr_t, beta_1, beta_2, epsilon, weight_decay_lr))
 
 
-def adamw_ref(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
+def adamw_ref(p, m, v, g, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
     """AdamW's spec: p -= weight_decay_lr * p (weight_decay_lr = lr * wd), then the Adam step.
 
     >>> adamw_ref(np.ones(1), np.zeros(1), np.zeros(1), np.zeros(1), 0.1, 0.9, 0.9, 1.0, 0.5)[0]
     array([0.5])
     """
-    return adam_ref(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    return adam_ref(p, m, v, g, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
 
 
-def _scalars(dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
-    # the same roundings numpy applies to adam_ref's Python-float scalars
-    dt = np.dtype(dtype).type
-    beta_1, beta_2 = float(beta_1), float(beta_2)
-    return (
-        dt(lr_t),
-        dt(beta_1),
-        dt(1 - beta_1),
-        dt(beta_2),
-        dt(1 - beta_2),
-        dt(epsilon),
-        dt(weight_decay_lr),
-    )
+def _host_scalars(like, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, hyper=None) -> tuple:
+    """The formula's scalars in `like`'s dtype, from numbers or a host hyper vector."""
+    if hyper is not None:
+        return adam_scalars(AdamHyper.decode(hyper).encode(), like)
+    if lr_t is None:
+        raise TypeError("adam: pass lr_t (a number) or hyper (a hyper-parameter vector)")
+    values = (float(x) for x in (lr_t, beta_1, beta_2, epsilon, weight_decay_lr))
+    return adam_scalars(AdamHyper(*values).encode(), like)
 
 
 @njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
-def _adam_flat(p, g, m, v, lr_t, b1, c1, b2, c2, eps, wd):  # p, g, m, v: (n,)
+def _adam_flat(p, m, v, g, lr_t, b1, c1, b2, c2, eps, wd):  # p, m, v, g: (n,)
     if g.size != p.size or m.size != p.size or v.size != p.size:
-        raise ValueError("adam: p, g, m and v differ in size")
+        raise ValueError("adam: p, m, v and g differ in size")
     for i in prange(p.size):
-        p[i], m[i], v[i] = _adam_cpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
+        p[i], m[i], v[i] = _adam_cpu_math(p[i], m[i], v[i], g[i], lr_t, b1, c1, b2, c2, eps, wd)
 
 
-def adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr=0.0) -> None:
-    """Update p, m, v in place on the host; matches adam_ref bit for bit.
+def adam_cpu(p, m, v, g, lr_t=None, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay_lr=0.0,
+             hyper=None) -> None:
+    """Update p, m, v in place on the host; matches adam_ref bit for bit. `hyper`, a host
+    AdamHyper vector (as the adam_update op takes it), replaces the numbers.
 
-    >>> p, g, m, v = (np.full(3, x, np.float32) for x in (1, 1, 0, 0))
-    >>> adam_cpu(p, g, m, v, 0.1, 0.0, 0.0, 0.0); p
+    >>> p, m, v, g = (np.full(3, x, np.float32) for x in (1, 0, 0, 1))
+    >>> adam_cpu(p, m, v, g, 0.1, 0.0, 0.0, 0.0); p
     array([0.9, 0.9, 0.9], dtype=float32)
     """
     g = readable(g)
-    same_dtype("adam_cpu", p, g, m, v)
-    scalars = _scalars(p.dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    same_dtype("adam_cpu", p, m, v, g)
+    scalars = _host_scalars(p, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, hyper)
     with threads_for(4 * p.nbytes):
-        _adam_flat(flat(p), flat(g), flat(m), flat(v), *scalars)
+        _adam_flat(flat(p), flat(m), flat(v), flat(g), *scalars)
 
 
-def adamw_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr) -> None:
+def adamw_cpu(p, m, v, g, lr_t, beta_1, beta_2, epsilon, weight_decay_lr) -> None:
     """adam_cpu with AdamW's decoupled decay (weight_decay_lr = lr * wd, applied first).
 
-    >>> p, g, m, v = (np.full(2, x) for x in (1.0, 0.0, 0.0, 0.0))
-    >>> adamw_cpu(p, g, m, v, 0.1, 0.9, 0.999, 1.0, 0.5); p
+    >>> p, m, v, g = (np.full(2, x) for x in (1.0, 0.0, 0.0, 0.0))
+    >>> adamw_cpu(p, m, v, g, 0.1, 0.9, 0.999, 1.0, 0.5); p
     array([0.5, 0.5])
     """
-    adam_cpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    adam_cpu(p, m, v, g, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
 
 
 @njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
-def _adam_multi(ps, gs, ms, vs, lr_t, b1, c1, b2, c2, eps, wd):  # lists of (n_t,)
-    check_sizes(ps, gs)
+def _adam_multi(ps, ms, vs, gs, lr_t, b1, c1, b2, c2, eps, wd):  # lists of (n_t,)
     check_sizes(ps, ms)
     check_sizes(ps, vs)
+    check_sizes(ps, gs)
     table = chunk_table(ps, CHUNK)
     for r in prange(table.shape[0]):
         t, start, stop = table[r, 0], table[r, 1], table[r, 2]
         # chunk views indexed from 0: numba then drops the wraparound checks and LLVM vectorizes
-        p, g = ps[t][start:stop], gs[t][start:stop]
-        m, v = ms[t][start:stop], vs[t][start:stop]
+        p, m = ps[t][start:stop], ms[t][start:stop]
+        v, g = vs[t][start:stop], gs[t][start:stop]
         for i in range(stop - start):
-            p[i], m[i], v[i] = _adam_cpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
+            p[i], m[i], v[i] = _adam_cpu_math(p[i], m[i], v[i], g[i], lr_t, b1, c1, b2, c2, eps, wd)
 
 
 def adam_multi_cpu(
     params: Sequence,
-    grads: Sequence,
     ms: Sequence,
     vs: Sequence,
-    lr_t,
-    beta_1,
-    beta_2,
-    epsilon,
+    grads: Sequence,
+    lr_t=None,
+    beta_1=0.9,
+    beta_2=0.999,
+    epsilon=1e-7,
     weight_decay_lr=0.0,
+    hyper=None,
 ) -> None:
-    """adam_cpu over every tensor of a device in one parallel call (AdamW when weight_decay_lr).
+    """adam_cpu over every tensor of a device in one parallel call (AdamW when weight_decay_lr);
+    `hyper` as for adam_cpu.
 
     Lists may be Python sequences of arrays or typed Lists from common.tensor_list.
 
     >>> ps, zs = [np.ones(2), np.ones(5)], [np.zeros(2), np.zeros(5)]
-    >>> adam_multi_cpu(ps, ps, zs, [z.copy() for z in zs], 0.1, 0.0, 0.0, 0.0); ps[1][0]
+    >>> adam_multi_cpu(ps, zs, [z.copy() for z in zs], ps, 0.1, 0.0, 0.0, 0.0); ps[1][0]
     np.float64(0.9)
     """
     if len(params) == 0:
         return
-    scalars = _scalars(params[0].dtype, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
-    for group in tuple_groups(params, readables(grads), ms, vs):
-        ps, gs, ms_, vs_ = tensor_group(*group)
-        same_dtype("adam_multi_cpu", ps, gs, ms_, vs_)
+    scalars = _host_scalars(params[0], lr_t, beta_1, beta_2, epsilon, weight_decay_lr, hyper)
+    for group in tuple_groups(params, ms, vs, readables(grads)):
+        ps, ms_, vs_, gs = tensor_group(*group)
+        same_dtype("adam_multi_cpu", ps, ms_, vs_, gs)
         with threads_for(4 * sum(a.nbytes for a in group[0])):   # the caller's list: no boxing
-            _adam_multi(ps, gs, ms_, vs_, *scalars)
+            _adam_multi(ps, ms_, vs_, gs, *scalars)
 
 
-def adamw_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
+def adamw_multi_cpu(params, ms, vs, grads, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
     """adam_multi_cpu with AdamW's decoupled decay (weight_decay_lr = lr * wd).
 
     >>> adamw_multi_cpu([np.ones(2)], [np.zeros(2)], [np.zeros(2)], [np.zeros(2)],
     ...                 0.1, 0.9, 0.999, 1.0, 0.5)
     """
-    adam_multi_cpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
+    adam_multi_cpu(params, ms, vs, grads, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
 
 
-# The CUDA kernels read the hyper-parameters from a float64 device vector [lr_t, beta_1,
-# beta_2, epsilon] or [..., weight_decay_lr]: a compiled step computes it on the device from
-# the iteration count and the optimizer's variables, and reading it on the host would stall
-# the stream. Each thread rounds them to the parameters' dtype as _scalars does on the host.
-def _gpu_hyper(p, hyper):
-    dt = p.dtype.type
-    beta_1, beta_2 = hyper[1], hyper[2]
-    weight_decay_lr = hyper[4] if hyper.shape[0] > 4 else 0.0
-    return (dt(hyper[0]), dt(beta_1), dt(1.0 - beta_1), dt(beta_2), dt(1.0 - beta_2),
-            dt(hyper[3]), dt(weight_decay_lr))
-
-
-_adam_gpu_hyper = cuda.jit(device=True)(_gpu_hyper)
-
-
+# The CUDA kernels read the hyper-parameters from the AdamHyper float64 device vector: a
+# compiled step computes it on the device from the iteration count and the optimizer's
+# variables, and reading it on the host would stall the stream. Each thread rounds them to
+# the parameters' dtype with formulas.adam_scalars, as the host does.
 def _device_hyper(hyper, lr_t, beta_1, beta_2, epsilon, weight_decay_lr):
     if hyper is None:          # host numbers: one small copy to the device per call
         if lr_t is None:
             raise TypeError("adam_gpu: pass lr_t (a number) or hyper (a device vector)")
-        hyper = [lr_t, beta_1, beta_2, epsilon, weight_decay_lr]
+        hyper = AdamHyper(lr_t, beta_1, beta_2, epsilon, weight_decay_lr).encode()
     return device_hyper(hyper, (4, 5))
 
 
 @cuda.jit(cache=True)
-def _adam_kernel(p, g, m, v, hyper):  # p, g, m, v: (n,); hyper: (4,) or (5,) float64
+def _adam_kernel(p, m, v, g, hyper):  # p, m, v, g: (n,); hyper: (4,) or (5,) float64
     i = cuda.grid(1)
     if i < p.shape[0]:
-        lr_t, b1, c1, b2, c2, eps, wd = _adam_gpu_hyper(p, hyper)
-        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
+        lr_t, b1, c1, b2, c2, eps, wd = _adam_gpu_hyper(hyper, p)
+        p[i], m[i], v[i] = _adam_gpu_math(p[i], m[i], v[i], g[i], lr_t, b1, c1, b2, c2, eps, wd)
 
 
-def adam_gpu(p, g, m, v, lr_t=None, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay_lr=0.0,
+def adam_gpu(p, m, v, g, lr_t=None, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay_lr=0.0,
              stream=0, hyper=None) -> None:
     """Launch the update of one device buffer on `stream` (a numba stream or 0); no sync.
-    `hyper`, the float64 device vector a compiled step makes ([lr_t, beta_1, beta_2, epsilon]
-    or [..., weight_decay_lr]), replaces the numbers.
+    `hyper`, the float64 device vector a compiled step makes (an AdamHyper: [lr_t, beta_1,
+    beta_2, epsilon] or [..., weight_decay_lr]), replaces the numbers.
 
-    >>> adam_gpu(p, g, m, v, lr_t, 0.9, 0.999, 1e-7)  # device arrays  # doctest: +SKIP
+    >>> adam_gpu(p, m, v, g, lr_t, 0.9, 0.999, 1e-7)  # device arrays  # doctest: +SKIP
     """
     hyper = _device_hyper(hyper, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
-    same_dtype("adam_gpu", p, g, m, v)
-    p, g, m, v = (device_view(x) for x in (p, g, m, v))
-    if not (p.shape == g.shape == m.shape == v.shape):
+    same_dtype("adam_gpu", p, m, v, g)
+    p, m, v, g = (device_view(x) for x in (p, m, v, g))
+    if not (p.shape == m.shape == v.shape == g.shape):
         raise ValueError(
-            f"adam: p, g, m and v differ in size: {p.shape}, {g.shape}, {m.shape}, {v.shape}"
+            f"adam: p, m, v and g differ in size: {p.shape}, {m.shape}, {v.shape}, {g.shape}"
         )
     if p.shape[0]:
-        _adam_kernel[grid(p.shape[0]) + (stream,)](p, g, m, v, hyper)
+        _adam_kernel[grid(p.shape[0]) + (stream,)](p, m, v, g, hyper)
 
 
-def adamw_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream=0) -> None:
+def adamw_gpu(p, m, v, g, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream=0) -> None:
     """adam_gpu with AdamW's decoupled decay (weight_decay_lr = lr * wd).
 
-    >>> adamw_gpu(p, g, m, v, lr_t, 0.9, 0.999, 1e-7, lr * 0.004)  # doctest: +SKIP
+    >>> adamw_gpu(p, m, v, g, lr_t, 0.9, 0.999, 1e-7, lr * 0.004)  # doctest: +SKIP
     """
-    adam_gpu(p, g, m, v, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream)
+    adam_gpu(p, m, v, g, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream)
 
 
 @cuda.jit(cache=True)
-def _adam_multi_kernel(ps, gs, ms, vs, hyper):  # tuples of (n_t,); hyper: float64
+def _adam_multi_kernel(ps, ms, vs, gs, hyper):  # tuples of (n_t,); hyper: float64
     t = cuda.blockIdx.y                      # this block row's tensor
-    p, g, m, v = ps[t], gs[t], ms[t], vs[t]
-    lr_t, b1, c1, b2, c2, eps, wd = _adam_gpu_hyper(p, hyper)
+    p, m, v, g = ps[t], ms[t], vs[t], gs[t]
+    lr_t, b1, c1, b2, c2, eps, wd = _adam_gpu_hyper(hyper, p)
     for i in range(cuda.grid(1), p.shape[0], cuda.gridDim.x * cuda.blockDim.x):
-        p[i], m[i], v[i] = _adam_gpu_math(p[i], g[i], m[i], v[i], lr_t, b1, c1, b2, c2, eps, wd)
+        p[i], m[i], v[i] = _adam_gpu_math(p[i], m[i], v[i], g[i], lr_t, b1, c1, b2, c2, eps, wd)
 
 
 def adam_multi_gpu(
     params: Sequence,
-    grads: Sequence,
     ms: Sequence,
     vs: Sequence,
+    grads: Sequence,
     lr_t=None,
     beta_1=0.9,
     beta_2=0.999,
@@ -265,23 +240,23 @@ def adam_multi_gpu(
     """adam_gpu over every tensor of a device: one launch per 16 tensors, all on `stream`
     (each block row of the grid updates one tensor); `hyper` as for adam_gpu.
 
-    >>> adam_multi_gpu(ps, gs, ms, vs, lr_t, 0.9, 0.999, 1e-7)  # doctest: +SKIP
+    >>> adam_multi_gpu(ps, ms, vs, gs, lr_t, 0.9, 0.999, 1e-7)  # doctest: +SKIP
     """
     if len(params) == 0:
         return
-    same_dtype("adam_multi_gpu", *params, *grads, *ms, *vs)
+    same_dtype("adam_multi_gpu", *params, *ms, *vs, *grads)
     hyper = _device_hyper(hyper, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
-    for (p, g, m, v), largest in gpu_groups(params, grads, ms, vs):
+    for (p, m, v, g), largest in gpu_groups(params, ms, vs, grads):
         if largest:
             blocks, threads = multi_grid(largest, len(p))
-            _adam_multi_kernel[blocks, threads, stream](p, g, m, v, hyper)
+            _adam_multi_kernel[blocks, threads, stream](p, m, v, g, hyper)
 
 
 def adamw_multi_gpu(
-    params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream=0
+    params, ms, vs, grads, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream=0
 ) -> None:
     """adam_multi_gpu with AdamW's decoupled decay (weight_decay_lr = lr * wd).
 
-    >>> adamw_multi_gpu(ps, gs, ms, vs, lr_t, 0.9, 0.999, 1e-7, lr * 0.004)  # doctest: +SKIP
+    >>> adamw_multi_gpu(ps, ms, vs, gs, lr_t, 0.9, 0.999, 1e-7, lr * 0.004)  # doctest: +SKIP
     """
-    adam_multi_gpu(params, grads, ms, vs, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream)
+    adam_multi_gpu(params, ms, vs, grads, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream)

@@ -5,7 +5,8 @@ update to its own parameters and slots. Done apart, the reduced gradient is writ
 replica and read back by every replica's update; here each 64K-element chunk of the bucket
 is summed once (in replica order) into a buffer that stays in cache, and every replica's
 update reads it from there. The sums and updates are the same float operations in the same
-order as the separate all_reduce_cpu and sgd/adam kernels, so the results are bit-identical.
+order as the separate all_reduce_cpu and sgd/adam kernels (the same compiled formulas.sgd and
+formulas.adam), so the results are bit-identical.
 
 Measured on the 2-core VM (bench/reduce_update.py, min of 30), 4 replicas x 1.86M float32
 parameters: momentum 3.2 ms fused vs 5.2 ms for the all-reduce followed by 4 multi-tensor
@@ -23,10 +24,10 @@ import numpy as np
 from numba import njit, prange
 
 from .adam import _adam_cpu_math
-from .adam import _scalars as _adam_scalars
+from .adam import _host_scalars as _adam_scalars
 from .common import CHUNK, remembered, same_dtype, tensor_group, threads_for
 from .reduce import reduce_chunk
-from .sgd import _scalars as _sgd_scalars
+from .sgd import _host_scalars as _sgd_scalars
 from .sgd import _sgd_cpu_math
 
 
@@ -46,7 +47,7 @@ def _reduce_sgd(bufs, offsets, table, ps, ms, n, count, mean, lr, momentum, wd, 
         for k in range(len(bufs)):
             p, m = ps[k * n + j][start:stop], ms[k * n + j][start:stop]
             for i in range(stop - start):
-                pi, mi = _sgd_cpu_math(p[i], g[i], m[i], lr, momentum, wd, nesterov)
+                pi, mi = _sgd_cpu_math(p[i], m[i], g[i], lr, momentum, wd, nesterov)
                 p[i] = pi
                 if momentum != 0:
                     m[i] = mi
@@ -62,7 +63,7 @@ def _reduce_adam(bufs, offsets, table, ps, ms, vs, n, count, mean, lr_ts, b1, c1
             p, m = ps[k * n + j][start:stop], ms[k * n + j][start:stop]
             v = vs[k * n + j][start:stop]
             for i in range(stop - start):
-                p[i], m[i], v[i] = _adam_cpu_math(p[i], g[i], m[i], v[i], lr_ts[k], b1, c1, b2,
+                p[i], m[i], v[i] = _adam_cpu_math(p[i], m[i], v[i], g[i], lr_ts[k], b1, c1, b2,
                                                   c2, eps, wd)
 
 
@@ -99,7 +100,7 @@ def reduce_sgd_cpu(bufs, offsets, ps, ms, op, lr, momentum=0.0, nesterov=False,
     n = len(offsets)
     same_dtype("reduce_sgd_cpu", *bufs, *ps, *(ms or ()))
     bucket, offs, table, (pl, ml) = _prepare(bufs, offsets, [ps, ps if ms is None else ms], n)
-    scalars = _sgd_scalars(bucket[0].dtype, lr, momentum, weight_decay, ms)
+    scalars = _sgd_scalars(bucket[0], lr, momentum, weight_decay, ms)
     with threads_for(len(bufs) * 3 * bucket[0].nbytes):
         _reduce_sgd(bucket, offs, table, pl, ml, n, bucket[0].dtype.type(len(bufs)),
                     op == "mean", *scalars, bool(nesterov))
@@ -120,7 +121,7 @@ def reduce_adam_cpu(bufs, offsets, ps, ms, vs, lr_ts, op, beta_1, beta_2, epsilo
     same_dtype("reduce_adam_cpu", *bufs, *ps, *ms, *vs)
     bucket, offs, table, (pl, ml, vl) = _prepare(bufs, offsets, [ps, ms, vs], n)
     dtype = bucket[0].dtype
-    scalars = _adam_scalars(dtype, 0.0, beta_1, beta_2, epsilon, weight_decay_lr)[1:]
+    scalars = _adam_scalars(bucket[0], 0.0, beta_1, beta_2, epsilon, weight_decay_lr)[1:]
     rates = np.array([float(x) for x in lr_ts], dtype)
     with threads_for(len(bufs) * 5 * bucket[0].nbytes):
         _reduce_adam(bucket, offs, table, pl, ml, vl, n, dtype.type(len(bufs)), op == "mean",

@@ -40,8 +40,8 @@ def test_sgd_cpu_matches_ref(dtype, config):
         p_ref, m_ref = p.copy(), (m.copy() if config.get("momentum") else None)
         for _ in range(3):
             g = _randn(rng, n, dtype)
-            p_ref, m_ref = sgd.sgd_ref(p_ref, g, m_ref, **config)
-            sgd.sgd_cpu(p, g, m if config.get("momentum") else None, **config)
+            p_ref, m_ref = sgd.sgd_ref(p_ref, m_ref, g, **config)
+            sgd.sgd_cpu(p, m if config.get("momentum") else None, g, **config)
             _close(p, p_ref)
             if m_ref is not None:
                 _close(m, m_ref)
@@ -57,8 +57,8 @@ def test_sgd_multi_cpu_matches_per_tensor_ref(dtype, config):
     refs = [(p.copy(), m.copy() if config.get("momentum") else None) for p, m in zip(ps, ms)]
     for _ in range(3):
         gs = [_randn(rng, s, dtype) for s in SHAPES]
-        refs = [sgd.sgd_ref(p, g, m, **config) for (p, m), g in zip(refs, gs)]
-        sgd.sgd_multi_cpu(ps, gs, ms if config.get("momentum") else None, **config)
+        refs = [sgd.sgd_ref(p, m, g, **config) for (p, m), g in zip(refs, gs)]
+        sgd.sgd_multi_cpu(ps, ms if config.get("momentum") else None, gs, **config)
         for p, m, (p_ref, m_ref) in zip(ps, ms, refs):
             _close(p, p_ref)
             if m_ref is not None:
@@ -68,7 +68,7 @@ def test_sgd_multi_cpu_matches_per_tensor_ref(dtype, config):
 def test_sgd_needs_a_momentum_buffer():
     p = np.ones(3)
     with pytest.raises(ValueError, match="momentum"):
-        sgd.sgd_cpu(p, p.copy(), None, lr=0.1, momentum=0.9)
+        sgd.sgd_cpu(p, None, p.copy(), lr=0.1, momentum=0.9)
 
 
 def _adam_args(t, lr=1e-3, beta_1=0.9, beta_2=0.999):
@@ -86,11 +86,11 @@ def test_adam_cpu_matches_ref(dtype, weight_decay_lr):
         for t in range(1, 4):
             g = _randn(rng, n, dtype, scale=10.0**-t)
             p_ref, m_ref, v_ref = ref
-            ref = adam.adam_ref(p_ref, g, m_ref, v_ref, *_adam_args(t), weight_decay_lr)
+            ref = adam.adam_ref(p_ref, m_ref, v_ref, g, *_adam_args(t), weight_decay_lr)
             if weight_decay_lr:
-                adam.adamw_cpu(p, g, m, v, *_adam_args(t), weight_decay_lr)
+                adam.adamw_cpu(p, m, v, g, *_adam_args(t), weight_decay_lr)
             else:
-                adam.adam_cpu(p, g, m, v, *_adam_args(t))
+                adam.adam_cpu(p, m, v, g, *_adam_args(t))
             for actual, expected in zip((p, m, v), ref):
                 assert actual.dtype == expected.dtype == dtype
                 _close(actual, expected)
@@ -108,18 +108,18 @@ def test_adam_multi_cpu_matches_per_tensor_ref(dtype, weight_decay_lr):
     for t in range(1, 4):
         gs = [_randn(rng, s, dtype) for s in SHAPES]
         refs = [
-            adam.adamw_ref(p, g, m, v, *_adam_args(t), weight_decay_lr)
+            adam.adamw_ref(p, m, v, g, *_adam_args(t), weight_decay_lr)
             for (p, m, v), g in zip(refs, gs)
         ]
-        adam.adam_multi_cpu(lists[0], gs, lists[1], lists[2], *_adam_args(t), weight_decay_lr)
+        adam.adam_multi_cpu(lists[0], lists[1], lists[2], gs, *_adam_args(t), weight_decay_lr)
         for arrays, ref in zip(zip(ps, ms, vs), refs):
             for actual, expected in zip(arrays, ref):
                 _close(actual, expected)
 
 
 def test_adamw_decays_with_plain_lr_before_the_step():
-    p, g, m, v = np.full(1, 2.0), np.zeros(1), np.zeros(1), np.zeros(1)
-    adam.adamw_multi_cpu([p], [g], [m], [v], 0.1, 0.9, 0.999, 1e-7, 0.25)
+    p, m, v, g = np.full(1, 2.0), np.zeros(1), np.zeros(1), np.zeros(1)
+    adam.adamw_multi_cpu([p], [m], [v], [g], 0.1, 0.9, 0.999, 1e-7, 0.25)
     assert p[0] == 1.5  # g = 0: only the decoupled decay moves p
 
 
@@ -128,16 +128,16 @@ def test_multi_cpu_checks_its_inputs():
     with pytest.raises(ValueError, match="size"):
         adam.adam_multi_cpu([a], [b], [a], [a], 0.1, 0.9, 0.999, 1e-7)
     with pytest.raises(ValueError, match="length"):
-        sgd.sgd_multi_cpu([a, a], [a], None, lr=0.1)
+        sgd.sgd_multi_cpu([a, a], None, [a], lr=0.1)
     with pytest.raises(TypeError, match="dtype"):
-        sgd.sgd_multi_cpu([a, np.zeros(3)], [a, a], None, lr=0.1)
+        sgd.sgd_multi_cpu([a, np.zeros(3)], None, [a, a], lr=0.1)
     with pytest.raises(TypeError, match="dtype"):
         adam.adam_cpu(a, a.astype(np.float64), a, a, 0.1, 0.9, 0.999, 1e-7)
     with pytest.raises(TypeError, match="ndarray"):
-        sgd.sgd_cpu(np.float32(1), np.float32(1), None, lr=0.1)  # a scalar has no buffer
+        sgd.sgd_cpu(np.float32(1), None, np.float32(1), lr=0.1)  # a scalar has no buffer
     with pytest.raises(ValueError, match="contiguous"):
-        sgd.sgd_cpu(np.zeros((4, 4))[:, 0], np.zeros(4), None, lr=0.1)
-    sgd.sgd_multi_cpu([], [], None, lr=0.1)  # no tensors: nothing to do
+        sgd.sgd_cpu(np.zeros((4, 4))[:, 0], None, np.zeros(4), lr=0.1)
+    sgd.sgd_multi_cpu([], None, [], lr=0.1)  # no tensors: nothing to do
 
 
 def test_chunk_table_covers_every_element_once():
@@ -228,11 +228,11 @@ def test_more_tensors_than_a_tuple_holds_run_in_groups_with_the_same_bits(count)
     sgd_refs = [(p.copy(), m.copy()) for p, m in zip(ps, ms)]
     for t in range(1, 3):
         gs = [_randn(rng, s, np.float32) for s in shapes]
-        refs = [adam.adam_ref(p, g, m, v, *_adam_args(t)) for (p, m, v), g in zip(refs, gs)]
-        sgd_refs = [sgd.sgd_ref(p, g, m, lr=0.1, momentum=0.9)
+        refs = [adam.adam_ref(p, m, v, g, *_adam_args(t)) for (p, m, v), g in zip(refs, gs)]
+        sgd_refs = [sgd.sgd_ref(p, m, g, lr=0.1, momentum=0.9)
                     for (p, m), g in zip(sgd_refs, gs)]
-        adam.adam_multi_cpu(ps, gs, ms, vs, *_adam_args(t))
-        sgd.sgd_multi_cpu(sgd_ps, gs, sgd_ms, lr=0.1, momentum=0.9)
+        adam.adam_multi_cpu(ps, ms, vs, gs, *_adam_args(t))
+        sgd.sgd_multi_cpu(sgd_ps, sgd_ms, gs, lr=0.1, momentum=0.9)
         for arrays, ref in zip(zip(ps, ms, vs), refs):
             for actual, expected in zip(arrays, ref):
                 np.testing.assert_array_equal(actual, expected)

@@ -58,14 +58,14 @@ def test_cuda_kernels_compile_to_ptx(monkeypatch):
     h = nt.float64[::1]                     # the hyper-parameter vector
     for f, a in [(nt.float32, nt.float32[::1]), (nt.float64, nt.float64[::1])]:
         kernels = [
-            (sgd._sgd_kernel, (a, a, a, h, nt.boolean, nt.boolean)),
+            (sgd._sgd_kernel, (a, a, a, h, nt.boolean)),
             (adam._adam_kernel, (a, a, a, a, h)),
             (reduce._all_reduce_kernel, (nt.UniTuple(a, 3), a, f, nt.boolean, nt.boolean)),
             (reduce._all_reduce_outs_kernel, (nt.UniTuple(a, 3), nt.UniTuple(a, 3), f,
                                               nt.boolean)),
             (reduce._scale_kernel, (a, nt.float64, nt.float64[::1])),
             (adam._adam_multi_kernel, (nt.UniTuple(a, 4),) * 4 + (h,)),
-            (sgd._sgd_multi_kernel, (nt.UniTuple(a, 4),) * 3 + (h, nt.boolean, nt.boolean)),
+            (sgd._sgd_multi_kernel, (nt.UniTuple(a, 4),) * 3 + (h, nt.boolean)),
         ]
         for kernel, signature in kernels:
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(8, 0))

@@ -778,11 +778,11 @@ def test_updates_are_bit_identical_to_the_kernel_specs(cls, kw, devices, fused):
         for k, g in enumerate(gs):
             p, m, v = state[k]
             if cls == "SGD":
-                p, m = sgd.sgd_ref(p, g, m if kw else None, 0.03, kw.get("momentum", 0.0))
+                p, m = sgd.sgd_ref(p, m if kw else None, g, 0.03, kw.get("momentum", 0.0))
             else:
                 lr_t = 0.03 * np.sqrt(1 - 0.999 ** np.float64(t)) / (1 - 0.9 ** np.float64(t))
                 decay = 0.03 * kw.get("weight_decay", 0.0)
-                p, m, v = adam.adam_ref(p, g, m, v, lr_t, 0.9, 0.999, 1e-7, decay)
+                p, m, v = adam.adam_ref(p, m, v, g, lr_t, 0.9, 0.999, 1e-7, decay)
             state[k] = [p, m, v]
             for component in ws[k].values:
                 np.testing.assert_array_equal(component, p)

@@ -45,10 +45,10 @@ def test_kernels_match_the_all_reduce_then_the_updates_bit_for_bit(kind, op):
         gs = [reduced[k][o:o + s].reshape(sh) for o, s, sh in zip(offsets, sizes, SHAPES)]
         part = slice(k * n, (k + 1) * n)
         if kind == "adamw":
-            adam.adam_multi_cpu(want[0][part], gs, want[1][part], want[2][part],
+            adam.adam_multi_cpu(want[0][part], want[1][part], want[2][part], gs,
                                 np.float32(3e-3), 0.9, 0.999, 1e-7, 1e-4)
         else:
-            sgd.sgd_multi_cpu(want[0][part], gs, want[1][part] if kind == "momentum" else None,
+            sgd.sgd_multi_cpu(want[0][part], want[1][part] if kind == "momentum" else None, gs,
                               0.01, 0.9 if kind == "momentum" else 0.0, True, 1e-4)
     if kind == "adamw":
         reduce_update.reduce_adam_cpu(bufs, offsets, ps, ms, vs, [np.float32(3e-3)] * 4, op,
@@ -64,10 +64,10 @@ def test_kernels_match_the_all_reduce_then_the_updates_bit_for_bit(kind, op):
     g = total[offsets[1]:offsets[1] + sizes[1]] / np.float32(4 if op == "mean" else 1)
     p0, m0, v0 = before
     if kind == "adamw":
-        expected = adam.adam_ref(p0, g, m0, v0, 3e-3, 0.9, 0.999, 1e-7, 1e-4)[0]
+        expected = adam.adam_ref(p0, m0, v0, g, 3e-3, 0.9, 0.999, 1e-7, 1e-4)[0]
     else:
         momentum = 0.9 if kind == "momentum" else 0.0
-        expected = sgd.sgd_ref(p0, g, m0, 0.01, momentum, True, 1e-4)[0]
+        expected = sgd.sgd_ref(p0, m0, g, 0.01, momentum, True, 1e-4)[0]
     np.testing.assert_allclose(ps[n + 1], expected, rtol=1e-5, atol=1e-7)
 
 
@@ -96,7 +96,7 @@ def test_the_node_reference_matches_its_kernel():
     assert node.inplace(tuple(params.items()))[0] == 2   # replica 0's p' is written over p
     # the hyper vector's numbers are the ones used: torch's formula on the numpy mean
     g = ((bufs[0] + bufs[1]) / np.float32(2))[offsets[1]:offsets[1] + SHAPES[1][0]]
-    p_ref, m_ref = sgd.sgd_ref(*before[:1], g, before[1], 0.1, 0.9, False, 0.01)
+    p_ref, m_ref = sgd.sgd_ref(*before[:2], g, 0.1, 0.9, False, 0.01)
     np.testing.assert_allclose(ps[n + 1], p_ref, rtol=1e-6)
     np.testing.assert_allclose(ms[n + 1], m_ref, rtol=1e-6)
 

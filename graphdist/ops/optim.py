@@ -3,7 +3,9 @@ gathers a device's updates into one multi-tensor kernel; these impls are the ref
 
 The hyper-parameters come in as one float64 vector input, `hyper` (made by the hyper op from
 the optimizer's variables), not as params: a new learning rate is a new value, not a new
-graph. Each update rounds them to the variable's dtype as `dt(value)`, as the kernels do.
+graph. Its layout, and the update math, are kernels/formulas.py's (`SGDHyper`,
+`MomentumHyper`, `AdamHyper`; `sgd`, `adam`): the impls below, the kernels and the in-place
+numpy forms all compute from those, with the scalars rounded to the variable's dtype.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.ir.types import ArrayType
+from graphdist.kernels import formulas
+from graphdist.kernels.formulas import AdamHyper, MomentumHyper, SGDHyper  # noqa: F401
 from graphdist.ops.core import Op, require_float
 
 F64 = np.dtype("float64")
@@ -31,9 +35,9 @@ def _check_hyper(op_name: str, hyper: ArrayType, sizes: tuple) -> None:
 
 
 def _host(hyper) -> list:
-    # Python floats, rounded below as dt(value) exactly as the kernels round them. On a GPU
-    # this reads 2-5 numbers back, a stream sync: only this reference path does (the fused
-    # CUDA kernels read the device vector themselves)
+    # Python floats, rounded by the formulas' scalars functions as the kernels round them. On
+    # a GPU this reads 2-5 numbers back, a stream sync: only this reference path does (the
+    # fused CUDA kernels read the device vector themselves)
     return hyper.tolist()
 
 
@@ -59,7 +63,7 @@ hyper_p.def_cost(lambda ins, outs, **_: (0, 2 * outs[0].nbytes))
 
 
 # ---------------------------------------------------------------- per-variable updates
-sgd_p = Op("sgd_update", differentiable=False)   # p' = p - lr * (g + wd * p); hyper [lr, wd]
+sgd_p = Op("sgd_update", differentiable=False)   # p' = p - lr * (g + wd * p); SGDHyper
 
 
 @sgd_p.def_shape
@@ -73,19 +77,13 @@ sgd_p.def_cost(_elementwise_cost(3, 3))
 
 @sgd_p.def_impl
 def _sgd_impl(xp, p, g, hyper):
-    dt = p.dtype.type
-    lr, weight_decay = _host(hyper)
-    if weight_decay:
-        g = g + dt(weight_decay) * p
-    return p - dt(lr) * g
+    return formulas.sgd(p, None, g, *formulas.sgd_scalars(_host(hyper), p), False)[0]
 
 
-# hyper [lr, momentum, wd]. momentum 0 (assigned after construction) is plain SGD and leaves
-# the buffer as it is, as the kernels do
 # SGD on a row-sparse gradient (gd.IndexedSlices): p[indices] -= lr * rows, repeated indices
 # accumulating in order; the rest of p is untouched, as the dense update of the scattered
 # gradient leaves it (p - lr * 0). With weight decay every row changes: the update is then
-# the dense one of the scattered gradient. hyper [lr, wd], as sgd_update's.
+# the dense one of the scattered gradient. An SGDHyper vector, as sgd_update's.
 sparse_sgd_p = Op("sparse_sgd_update", differentiable=False)
 
 
@@ -105,19 +103,20 @@ def _sparse_sgd_impl(xp, p, indices, rows, hyper):
     from graphdist.ops.sparse import _add_at, _scatter_rows_impl, check_slices
 
     check_slices(xp, indices, p.shape[0])       # before any row changes
-    dt = p.dtype.type
-    lr, weight_decay = _host(hyper)
-    if weight_decay:
+    lr, _, weight_decay = formulas.sgd_scalars(_host(hyper), p)
+    if weight_decay != 0:
         g = _scatter_rows_impl(xp, indices, rows, shape=p.shape)
-        return p - dt(lr) * (g + dt(weight_decay) * p)
+        return formulas.sgd(p, None, g, lr, 0, weight_decay, False)[0]
     out = p.copy()
-    _add_at(xp, out, indices, -(dt(lr) * rows))      # p + -(lr g) is exactly p - lr g
+    _add_at(xp, out, indices, -(lr * rows))      # p + -(lr g) is exactly p - lr g
     return out
 
 
 sparse_sgd_p.def_cost(lambda ins, outs, **_: (2 * ins[2].size, 3 * ins[2].nbytes))
 
 
+# a MomentumHyper vector. momentum 0 (assigned after construction) is plain SGD and leaves
+# the buffer as it is, as the kernels do
 momentum_p = Op("sgd_momentum_update", num_outputs=2, differentiable=False)
 
 
@@ -133,19 +132,11 @@ momentum_p.def_cost(_elementwise_cost(6, 5))
 
 @momentum_p.def_impl
 def _momentum_impl(xp, p, m, g, hyper, *, nesterov):
-    dt = p.dtype.type
-    lr, momentum, weight_decay = _host(hyper)
-    if weight_decay:
-        g = g + dt(weight_decay) * p
-    if not momentum:
-        return p - dt(lr) * g, m
-    m = dt(momentum) * m + g
-    step = g + dt(momentum) * m if nesterov else m
-    return p - dt(lr) * step, m
+    return formulas.sgd(p, m, g, *formulas.sgd_scalars(_host(hyper), p), nesterov)
 
 
-# hyper [lr_t, beta_1, beta_2, epsilon] (Adam) or [..., lr * weight_decay] (AdamW), with the
-# bias-corrected lr_t = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
+# an AdamHyper vector: [lr_t, beta_1, beta_2, epsilon] (Adam) or [..., lr * weight_decay]
+# (AdamW), with the bias-corrected lr_t = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
 adam_p = Op("adam_update", num_outputs=3, differentiable=False)
 
 
@@ -161,13 +152,7 @@ adam_p.def_cost(_elementwise_cost(12, 7))
 
 @adam_p.def_impl
 def _adam_impl(xp, p, m, v, g, hyper):
-    dt = p.dtype.type
-    lr_t, beta_1, beta_2, epsilon, *decay = _host(hyper)
-    if decay and decay[0]:   # AdamW: decoupled decay with the plain learning rate, first
-        p = p - dt(decay[0]) * p
-    m = dt(beta_1) * m + dt(1 - beta_1) * g
-    v = dt(beta_2) * v + dt(1 - beta_2) * g * g    # the kernel's order: the same bits
-    return p - dt(lr_t) * m / (xp.sqrt(v) + dt(epsilon)), m, v
+    return formulas.adam(p, m, v, g, *formulas.adam_scalars(_host(hyper), p))
 
 
 # the fused kernels (runtime/kernel_table.py) update these inputs in place: output -> input

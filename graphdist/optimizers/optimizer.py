@@ -379,9 +379,11 @@ class SGD(Optimizer):
     def _apply(self, pairs, step) -> None:
         lr, weight_decay = self._read_hyper("learning_rate"), self._read_hyper("weight_decay")
         if self._uses_momentum:
-            hyper = bind(optim.hyper_p, lr, self._read_hyper("momentum"), weight_decay)
+            fields = optim.MomentumHyper(lr=lr, momentum=self._read_hyper("momentum"),
+                                         weight_decay=weight_decay)
         else:
-            hyper = bind(optim.hyper_p, lr, weight_decay)
+            fields = optim.SGDHyper(lr=lr, weight_decay=weight_decay)
+        hyper = bind(optim.hyper_p, *fields.encode())
         for g, v in pairs:
             if isinstance(g, IndexedSlices):
                 g = sum_duplicates(g)     # each row once: the dense update's sums, in order
@@ -426,10 +428,12 @@ class Adam(Optimizer):
                                        ("learning_rate", "beta_1", "beta_2", "epsilon"))
         lr_t = divide(multiply(lr, sqrt(subtract(1.0, power(beta_2, t)))),
                       subtract(1.0, power(beta_1, t)))
-        parts = [lr_t, beta_1, beta_2, epsilon]
-        if "weight_decay" in self._hyper:     # AdamW: the decay rate lr * weight_decay
-            parts.append(multiply(lr, self._read_hyper("weight_decay")))
-        hyper = bind(optim.hyper_p, *parts)
+        decay = None                          # Adam; AdamW: the decay rate lr * weight_decay
+        if "weight_decay" in self._hyper:
+            decay = multiply(lr, self._read_hyper("weight_decay"))
+        fields = optim.AdamHyper(lr_t=lr_t, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                                 weight_decay_lr=decay)
+        hyper = bind(optim.hyper_p, *fields.encode())
         for g, v in pairs:
             m, s = self.slot(v, "m"), self.slot(v, "v")
             new_v, new_m, new_s = bind(optim.adam_p, v, m, s, g, hyper)

@@ -27,48 +27,43 @@ from graphdist.ir.types import LOW_PRECISION
 from graphdist.runtime import numpy_updates
 
 # ---------------------------------------------------------------- optimizer updates (CPU)
-# `hyper` is the update's float64 hyper-parameter vector (graphdist/ops/optim.py); the CPU
-# kernels take its entries as Python floats and round them to the parameters' dtype
-
-
-def _adam_hyper(hyper) -> list:
-    lr_t, beta_1, beta_2, epsilon, *decay = hyper.tolist()
-    return [lr_t, beta_1, beta_2, epsilon, decay[0] if decay else 0.0]
+# `hyper` is the update's float64 hyper-parameter vector (kernels/formulas.py's SGDHyper,
+# MomentumHyper, AdamHyper): the kernels read it themselves, rounded to the parameters'
+# dtype. The kernels take the ops' argument order (p, m, v, g).
 
 
 def sgd_cpu(p, g, hyper):
     from graphdist.kernels.sgd import sgd_cpu
 
-    lr, weight_decay = hyper.tolist()
-    sgd_cpu(p, g, None, lr, 0.0, False, weight_decay)
+    sgd_cpu(p, None, g, hyper=hyper)
 
 
 def sparse_sgd_cpu(p, indices, rows, hyper):
     """p[indices] -= lr * rows in place, whole rows at a time; with weight decay (every row
     decays) the op's dense reference."""
+    from graphdist.kernels.formulas import SGDHyper
     from graphdist.kernels.sparse import add_scaled_rows_cpu
     from graphdist.ops.optim import _sparse_sgd_impl
     from graphdist.ops.sparse import check_slices
 
-    lr, weight_decay = hyper.tolist()
-    if weight_decay or p.dtype.kind != "f" or not p.flags.c_contiguous:
+    named = SGDHyper.decode(hyper)
+    if named.weight_decay or p.dtype.kind != "f" or not p.flags.c_contiguous:
         p[...] = _sparse_sgd_impl(np, p, indices, rows, hyper)
         return
     check_slices(np, indices, p.shape[0])
-    add_scaled_rows_cpu(p, indices, rows, -p.dtype.type(lr))
+    add_scaled_rows_cpu(p, indices, rows, -p.dtype.type(named.lr))
 
 
 def momentum_cpu(p, m, g, hyper, *, nesterov):
     from graphdist.kernels.sgd import sgd_cpu
 
-    lr, momentum, weight_decay = hyper.tolist()
-    sgd_cpu(p, g, m, lr, momentum, nesterov, weight_decay)
+    sgd_cpu(p, m, g, nesterov=nesterov, hyper=hyper)
 
 
 def adam_cpu(p, m, v, g, hyper):
     from graphdist.kernels.adam import adam_cpu
 
-    adam_cpu(p, g, m, v, *_adam_hyper(hyper))
+    adam_cpu(p, m, v, g, hyper=hyper)
 
 
 # multi-tensor forms: inputs grouped per variable (p0 m0 v0 g0 p1 ...), then the hyper vector
@@ -76,23 +71,25 @@ def adam_cpu(p, m, v, g, hyper):
 def sgd_multi_cpu(*arrays, n):
     from graphdist.kernels.sgd import sgd_multi_cpu
 
-    lr, weight_decay = arrays[2 * n].tolist()
-    sgd_multi_cpu(arrays[0:2 * n:2], arrays[1:2 * n:2], None, lr, 0.0, False, weight_decay)
+    sgd_multi_cpu(arrays[0:2 * n:2], None, arrays[1:2 * n:2], hyper=arrays[2 * n])
 
 
 def momentum_multi_cpu(*arrays, n, nesterov):
     from graphdist.kernels.sgd import sgd_multi_cpu
 
-    lr, momentum, weight_decay = arrays[3 * n].tolist()
-    sgd_multi_cpu(arrays[0:3 * n:3], arrays[2:3 * n:3], arrays[1:3 * n:3], lr, momentum,
-                  nesterov, weight_decay)
+    sgd_multi_cpu(*_per_kind(arrays, n, 3), nesterov=nesterov, hyper=arrays[3 * n])
 
 
 def adam_multi_cpu(*arrays, n):
     from graphdist.kernels.adam import adam_multi_cpu
 
-    adam_multi_cpu(arrays[0:4 * n:4], arrays[3:4 * n:4], arrays[1:4 * n:4], arrays[2:4 * n:4],
-                   *_adam_hyper(arrays[4 * n]))
+    adam_multi_cpu(*_per_kind(arrays, n, 4), hyper=arrays[4 * n])
+
+
+def _per_kind(arrays, n: int, k: int) -> list:
+    """The multi-tensor op's inputs (k per variable, then the hyper vector) as k lists: every
+    variable's p, every m, ..., every g (the kernels' lists, in the op's order)."""
+    return [arrays[i:k * n:k] for i in range(k)]
 
 
 # ---------------------------------------------------------------- optimizer updates (GPU)
@@ -108,22 +105,21 @@ def _stream():
 def sgd_multi_gpu(*arrays, n):
     from graphdist.kernels.sgd import sgd_multi_gpu
 
-    sgd_multi_gpu(arrays[0:2 * n:2], arrays[1:2 * n:2], None, stream=_stream(),
+    sgd_multi_gpu(arrays[0:2 * n:2], None, arrays[1:2 * n:2], stream=_stream(),
                   hyper=arrays[2 * n])
 
 
 def momentum_multi_gpu(*arrays, n, nesterov):
     from graphdist.kernels.sgd import sgd_multi_gpu
 
-    sgd_multi_gpu(arrays[0:3 * n:3], arrays[2:3 * n:3], arrays[1:3 * n:3], nesterov=nesterov,
-                  stream=_stream(), hyper=arrays[3 * n])
+    sgd_multi_gpu(*_per_kind(arrays, n, 3), nesterov=nesterov, stream=_stream(),
+                  hyper=arrays[3 * n])
 
 
 def adam_multi_gpu(*arrays, n):
     from graphdist.kernels.adam import adam_multi_gpu
 
-    adam_multi_gpu(arrays[0:4 * n:4], arrays[3:4 * n:4], arrays[1:4 * n:4], arrays[2:4 * n:4],
-                   stream=_stream(), hyper=arrays[4 * n])
+    adam_multi_gpu(*_per_kind(arrays, n, 4), stream=_stream(), hyper=arrays[4 * n])
 
 
 def sgd_gpu(p, g, hyper):
@@ -168,6 +164,7 @@ def host_all_reduce_cpu(outs, *xs, op):
 
 def reduce_update_cpu(*ins, update, reduce, offsets, replicas, n, **params):
     """The fused all-reduce + every replica's optimizer update (updated in place)."""
+    from graphdist.kernels.formulas import AdamHyper, MomentumHyper, SGDHyper
     from graphdist.kernels.reduce_update import reduce_adam_cpu, reduce_sgd_cpu
     from graphdist.ops.host_collectives import update_inputs
 
@@ -175,16 +172,17 @@ def reduce_update_cpu(*ins, update, reduce, offsets, replicas, n, **params):
     # every replica's hyper vector holds the same numbers (made from mirrored variables by
     # the same ops): replica 0's serve all, but Adam's rate is taken per replica as before
     if update == "adam_multi_update":
-        rates = [h.tolist()[0] for h in hypers]
-        _, beta_1, beta_2, epsilon, decay = _adam_hyper(hypers[0])
-        reduce_adam_cpu(bufs, offsets, *lists, rates, reduce, beta_1, beta_2, epsilon, decay)
+        rates = [AdamHyper.decode(h).lr_t for h in hypers]
+        h = AdamHyper.decode(hypers[0])
+        reduce_adam_cpu(bufs, offsets, *lists, rates, reduce, h.beta_1, h.beta_2, h.epsilon,
+                        h.weight_decay_lr or 0.0)
     elif update == "sgd_momentum_multi_update":
-        lr, momentum, weight_decay = hypers[0].tolist()
-        reduce_sgd_cpu(bufs, offsets, lists[0], lists[1], reduce, lr, momentum,
-                       params["nesterov"], weight_decay)
+        h = MomentumHyper.decode(hypers[0])
+        reduce_sgd_cpu(bufs, offsets, lists[0], lists[1], reduce, h.lr, h.momentum,
+                       params["nesterov"], h.weight_decay)
     else:
-        lr, weight_decay = hypers[0].tolist()
-        reduce_sgd_cpu(bufs, offsets, lists[0], None, reduce, lr, 0.0, False, weight_decay)
+        h = SGDHyper.decode(hypers[0])
+        reduce_sgd_cpu(bufs, offsets, lists[0], None, reduce, h.lr, 0.0, False, h.weight_decay)
 
 
 def nccl_all_reduce_gpu(outs, *xs, op, devices):

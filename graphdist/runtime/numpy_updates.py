@@ -4,12 +4,11 @@ A program's first calls run while its Numba kernels load (runtime/warmup.py), an
 `gd.config.set_fused_kernels(False)` runs no fused kernel at all. The update ops' numpy
 impls (graphdist/ops/optim.py, host_collectives.py) are functional: every intermediate is a
 new array and the results are then copied into the variables' storage, which made an
-Adam step of the 4-replica MLP 2.8x slower than on the kernels (1.4x on these forms). These forms compute the same float
-operations in the same order as the kernels (kernels/sgd.py `_sgd_math`, adam.py
-`_adam_math`, reduce_update.py), so they give the kernels' bits, but with ufuncs writing
-`out=` into three per-thread scratch chunks and the variables updated in place, one
-CHUNK of elements at a time so the scratch stays in cache. Only commutativity is used
-(`m * b1` for `b1 * m`), never a change of association.
+Adam step of the 4-replica MLP 2.8x slower than on the kernels (1.4x on these forms). These
+forms run the kernels' own formulas (kernels/formulas.py) as `chunk_program`s: the same float
+operations in the same order, so the kernels' bits, but as ufuncs writing `out=` into the
+variables (updated in place) and per-thread scratch chunks, one CHUNK of elements at a time
+so the scratch stays in cache.
 
 Each takes the calling convention of its kernel wrapper in kernel_table.py, which lists
 them in NUMPY_KERNELS. Numba is never imported here: the point is to run without it.
@@ -21,6 +20,8 @@ import threading
 
 import numpy as np
 
+from graphdist.kernels import formulas
+
 # elements per pass: host_reduce_update of the 4-replica MLP's Adam, 1.86M parameters, took
 # 10.2 ms at 32K (kernel: 3.0 ms), 10.7 at 64K, 15.6 at 8K, 12.1 in whole tensors
 CHUNK = 1 << 15
@@ -28,8 +29,12 @@ CHUNK = 1 << 15
 _local = threading.local()    # executors run devices' programs on threads of their own
 
 
+SCRATCH = 2      # scratch arrays an update program may use (the formulas need 2)
+
+
 def _scratch(dtype, n: int) -> tuple:
-    """Three scratch arrays of n (<= CHUNK) elements of `dtype`, this thread's own."""
+    """Three scratch arrays of n (<= CHUNK) elements of `dtype`, this thread's own: the
+    update programs use two, the fused all-reduce's sum the third."""
     bufs = getattr(_local, "bufs", None)
     if bufs is None:
         bufs = _local.bufs = {}
@@ -57,74 +62,36 @@ def _chunks(n: int):
 
 
 # ---------------------------------------------------------------- the update math, per chunk
-# `kept` holds the chunk of p (and m, v), updated in place; g is read only; s, t scratch
-
-
-def _sgd_scalars(hyper, dt, nesterov=False) -> tuple:
-    values = hyper.tolist()      # [lr, wd] or [lr, momentum, wd], rounded as the kernels do
-    lr, momentum, weight_decay = values if len(values) == 3 else (values[0], 0.0, values[1])
-    return dt(lr), dt(momentum), dt(weight_decay), bool(nesterov)
-
-
-def _sgd_chunk(kept, g, s, t, lr, momentum, weight_decay, nesterov) -> None:
-    p = kept[0]
-    if weight_decay != 0:
-        np.multiply(p, weight_decay, out=s)
-        g = np.add(g, s, out=s)                  # g + wd * p
-    step = g
-    if momentum != 0:
-        m = kept[1]
-        np.multiply(m, momentum, out=m)
-        np.add(m, g, out=m)                      # momentum * m + g
-        step = m
-        if nesterov:
-            np.multiply(m, momentum, out=t)
-            step = np.add(g, t, out=t)           # g + momentum * m
-    np.multiply(step, lr, out=t)
-    np.subtract(p, t, out=p)                     # p - lr * step
-
-
-def _adam_scalars(hyper, dt) -> tuple:
-    lr_t, beta_1, beta_2, epsilon, *decay = hyper.tolist()
-    return (dt(lr_t), dt(beta_1), dt(1 - beta_1), dt(beta_2), dt(1 - beta_2), dt(epsilon),
-            dt(decay[0] if decay else 0.0))
-
-
-def _adam_chunk(kept, g, s, t, lr_t, b1, c1, b2, c2, epsilon, weight_decay) -> None:
-    p, m, v = kept
-    if weight_decay != 0:                        # AdamW: p - wd * p, first
-        np.multiply(p, weight_decay, out=t)
-        np.subtract(p, t, out=p)
-    np.multiply(m, b1, out=m)
-    np.multiply(g, c1, out=t)
-    np.add(m, t, out=m)                          # b1 * m + c1 * g
-    np.multiply(v, b2, out=v)
-    np.multiply(g, c2, out=t)
-    np.multiply(t, g, out=t)
-    np.add(v, t, out=v)                          # b2 * v + (c2 * g) * g
-    np.sqrt(v, out=s)
-    np.add(s, epsilon, out=s)
-    np.multiply(m, lr_t, out=t)
-    np.divide(t, s, out=t)
-    np.subtract(p, t, out=p)                     # p - (lr_t * m) / (sqrt(v) + eps)
-
-
-# multi-update op -> (arrays kept per tensor besides the gradient, scalars, chunk update)
+# multi-update op -> (its formula's array layout: "k" kept and updated in place, "r" read,
+# "-" absent; the formula; its scalars from the hyper vector)
 UPDATES = {
-    "sgd_multi_update": (1, _sgd_scalars, _sgd_chunk),
-    "sgd_momentum_multi_update": (2, _sgd_scalars, _sgd_chunk),
-    "adam_multi_update": (3, _adam_scalars, _adam_chunk),
+    "sgd_multi_update": ("k-r", formulas.sgd, formulas.sgd_scalars),
+    "sgd_momentum_multi_update": ("kkr", formulas.sgd, formulas.sgd_scalars),
+    "adam_multi_update": ("kkkr", formulas.adam, formulas.adam_scalars),
 }
+
+
+def _program(update: str, hyper, like, params: dict) -> tuple:
+    """(the chunk program, its scalars) of one update's hyper vector;
+    `like`, an array of the update's dtype, sets the scalars' rounding (as the kernels)."""
+    layout, formula, scalars_of = UPDATES[update]
+    scalars = scalars_of(hyper.tolist(), like)
+    static = (bool(params.get("nesterov", False)),) if formula is formulas.sgd else ()
+    program = formulas.chunk_program(formula, layout, scalars, static)
+    if program.scratch > SCRATCH:
+        raise ValueError(f"{update}: its formula needs {program.scratch} scratch arrays, "
+                         f"numpy_updates keeps {SCRATCH}")
+    return program, scalars
 
 
 def _multi(update: str, arrays, n: int, params: dict) -> None:
     """Tensor by tensor, chunk by chunk: inputs grouped per tensor (p [m [v]] g), then the
     shared hyper vector, as the multi-tensor kernels take them."""
-    kept, scalars_of, chunk = UPDATES[update]
-    k = kept + 1
     if n == 0:
         return
-    scalars = scalars_of(arrays[n * k], arrays[0].dtype.type, **params)
+    kept = UPDATES[update][0].count("k")
+    k = kept + 1
+    program, scalars = _program(update, arrays[n * k], arrays[0], params)
     written = {id(_owner(x)) for j in range(n) for x in arrays[j * k:j * k + kept]}
     for j in range(n):
         group = arrays[j * k:(j + 1) * k]
@@ -135,9 +102,9 @@ def _multi(update: str, arrays, n: int, params: dict) -> None:
         if any(x.size != g.size for x in xs):
             raise ValueError(f"{update}: tensor {j}'s buffers differ in size: "
                              f"{[x.size for x in xs]} and gradient {g.size}")
-        s, t, _ = _scratch(g.dtype, min(CHUNK, g.size))
+        scratch = _scratch(g.dtype, min(CHUNK, g.size))
         for a, b in _chunks(g.size):
-            chunk([x[a:b] for x in xs], g[a:b], s[:b - a], t[:b - a], *scalars)
+            program([x[a:b] for x in xs], (g[a:b],), [x[:b - a] for x in scratch], scalars)
 
 
 # ---------------------------------------------------------------- kernel_table conventions
@@ -176,22 +143,21 @@ def reduce_update(*ins, update, reduce, offsets, replicas, n, **params):
     if reduce not in ("sum", "mean"):
         raise ValueError(f"host_reduce_update: expected reduce 'sum' or 'mean', got {reduce!r}")
     bufs, lists, hypers = update_inputs(ins, update, replicas, n)
-    kept, scalars_of, chunk = UPDATES[update]
     bufs = [np.asarray(b).reshape(-1) for b in bufs]
-    dt = bufs[0].dtype.type
-    scalars = [scalars_of(h, dt, **params) for h in hypers]
+    programs = [_program(update, h, bufs[0], params) for h in hypers]
+    kept = UPDATES[update][0].count("k")
     for j, offset in enumerate(offsets):
         xs = [[_flat("host_reduce_update", lists[q][k * n + j]) for q in range(kept)]
               for k in range(replicas)]
         size = xs[0][0].size
         if offset + size > bufs[0].size:
             raise ValueError(f"host_reduce_update: tensor {j} lies outside the gradient bucket")
-        s, t, g = _scratch(bufs[0].dtype, min(CHUNK, size))
+        *scratch, acc = _scratch(bufs[0].dtype, min(CHUNK, size))
         for a, b in _chunks(size):
-            acc = g[:b - a]
-            _reduce_chunk(bufs, offset + a, offset + b, reduce == "mean", acc)
-            for k in range(replicas):
-                chunk([x[a:b] for x in xs[k]], acc, s[:b - a], t[:b - a], *scalars[k])
+            _reduce_chunk(bufs, offset + a, offset + b, reduce == "mean", acc[:b - a])
+            for k, (program, scalars) in enumerate(programs):
+                program([x[a:b] for x in xs[k]], (acc[:b - a],), [x[:b - a] for x in scratch],
+                        scalars)
 
 
 def _reduce_chunk(bufs, start: int, stop: int, mean: bool, acc) -> None:

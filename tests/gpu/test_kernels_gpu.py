@@ -44,8 +44,8 @@ def test_sgd_gpu_matches_ref(dtype, config):
         p, m = cuda.to_device(p_ref), cuda.to_device(np.zeros(n, dtype)) if momentum else None
         for _ in range(2):
             g = _randn(rng, n, dtype)
-            p_ref, m_ref = sgd.sgd_ref(p_ref, g, m_ref, **config)
-            sgd.sgd_gpu(p, cuda.to_device(g), m, **config, stream=stream)
+            p_ref, m_ref = sgd.sgd_ref(p_ref, m_ref, g, **config)
+            sgd.sgd_gpu(p, m, cuda.to_device(g), **config, stream=stream)
         stream.synchronize()
         _close(p, p_ref)
         if momentum:
@@ -58,9 +58,9 @@ def test_sgd_multi_gpu_matches_per_tensor_ref(dtype):
     refs = [(_randn(rng, s, dtype), np.zeros(s, dtype)) for s in shapes]
     ps, ms = [cuda.to_device(p) for p, _ in refs], [cuda.to_device(m) for _, m in refs]
     gs = [_randn(rng, s, dtype) for s in shapes]
-    sgd.sgd_multi_gpu(ps, [cuda.to_device(g) for g in gs], ms, lr=0.1, momentum=0.9)
+    sgd.sgd_multi_gpu(ps, ms, [cuda.to_device(g) for g in gs], lr=0.1, momentum=0.9)
     for p, m, (p_ref, m_ref), g in zip(ps, ms, refs, gs):
-        p_ref, m_ref = sgd.sgd_ref(p_ref, g, m_ref, lr=0.1, momentum=0.9)
+        p_ref, m_ref = sgd.sgd_ref(p_ref, m_ref, g, lr=0.1, momentum=0.9)
         _close(p, p_ref)
         _close(m, m_ref)
 
@@ -75,8 +75,8 @@ def test_adam_gpu_matches_ref(dtype, weight_decay_lr):
         for t in range(1, 3):
             g = _randn(rng, n, dtype)
             lr_t = 1e-2 * np.sqrt(1 - 0.999**t) / (1 - 0.9**t)
-            ref = adam.adam_ref(ref[0], g, ref[1], ref[2], lr_t, 0.9, 0.999, 1e-7, weight_decay_lr)
-            adam.adamw_gpu(p, cuda.to_device(g), m, v, lr_t, 0.9, 0.999, 1e-7, weight_decay_lr)
+            ref = adam.adam_ref(*ref, g, lr_t, 0.9, 0.999, 1e-7, weight_decay_lr)
+            adam.adamw_gpu(p, m, v, cuda.to_device(g), lr_t, 0.9, 0.999, 1e-7, weight_decay_lr)
         cuda.synchronize()
         for actual, expected in zip((p, m, v), ref):
             _close(actual, expected)
@@ -89,12 +89,12 @@ def test_adam_multi_gpu_matches_per_tensor_ref(dtype):
     ps, ms, vs = ([cuda.to_device(r[k]) for r in refs] for k in range(3))
     gs = [_randn(rng, s, dtype) for s in shapes]
     adam.adam_multi_gpu(
-        ps, [cuda.to_device(g) for g in gs], ms, vs, 1e-2, 0.9, 0.999, 1e-7, weight_decay_lr=1e-4
+        ps, ms, vs, [cuda.to_device(g) for g in gs], 1e-2, 0.9, 0.999, 1e-7, weight_decay_lr=1e-4
     )
     cuda.synchronize()
     for arrays, (p, m, v), g in zip(zip(ps, ms, vs), refs, gs):
         for actual, expected in zip(
-            arrays, adam.adam_ref(p, g, m, v, 1e-2, 0.9, 0.999, 1e-7, 1e-4)
+            arrays, adam.adam_ref(p, m, v, g, 1e-2, 0.9, 0.999, 1e-7, 1e-4)
         ):
             _close(actual, expected)
 
@@ -108,16 +108,16 @@ def test_multi_tensor_launches_cover_more_tensors_than_one_group():
     ps, ms, vs = ([cuda.to_device(r[k]) for r in refs] for k in range(3))
     # the hyper-parameters on the device, as a compiled step has them: [lr_t, b1, b2, eps]
     hyper = cuda.to_device(np.array([1e-2, 0.9, 0.999, 1e-7]))
-    adam.adam_multi_gpu(ps, [cuda.to_device(g) for g in gs], ms, vs, hyper=hyper)
+    adam.adam_multi_gpu(ps, ms, vs, [cuda.to_device(g) for g in gs], hyper=hyper)
     sgd_ps = [cuda.to_device(r[0]) for r in refs]
-    sgd.sgd_multi_gpu(sgd_ps, [cuda.to_device(g) for g in gs], None,
+    sgd.sgd_multi_gpu(sgd_ps, None, [cuda.to_device(g) for g in gs],
                       hyper=cuda.to_device(np.array([0.1, 0.0])))      # [lr, weight_decay]
     cuda.synchronize()
     for k, ((p, m, v), g) in enumerate(zip(refs, gs)):
         for actual, expected in zip((ps[k], ms[k], vs[k]),
-                                    adam.adam_ref(p, g, m, v, 1e-2, 0.9, 0.999, 1e-7)):
+                                    adam.adam_ref(p, m, v, g, 1e-2, 0.9, 0.999, 1e-7)):
             _close(actual, expected)
-        _close(sgd_ps[k], sgd.sgd_ref(p, g, None, lr=0.1)[0])
+        _close(sgd_ps[k], sgd.sgd_ref(p, None, g, lr=0.1)[0])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -135,9 +135,9 @@ def test_device_hyper_vector_gives_the_host_numbers_bits(dtype):
         ps, ms, vs = ([a[k] for a in arrays] for k in range(3))
         grads = [cuda.to_device(g) for g in gs]
         if kind == "sgd":
-            sgd.sgd_multi_gpu(ps, grads, ms, nesterov=True, hyper=hyper, **numbers)
+            sgd.sgd_multi_gpu(ps, ms, grads, nesterov=True, hyper=hyper, **numbers)
         else:
-            adam.adam_multi_gpu(ps, grads, ms, vs, hyper=hyper, **numbers)
+            adam.adam_multi_gpu(ps, ms, vs, grads, hyper=hyper, **numbers)
         cuda.synchronize()
         return [x.copy_to_host() for a in arrays for x in a]
 
@@ -151,7 +151,7 @@ def test_device_hyper_vector_gives_the_host_numbers_bits(dtype):
             np.testing.assert_array_equal(a, b)
     plain = run("sgd", hyper=cuda.to_device(np.array([0.1, 0.0, 0.0])))
     for (p, m, _), g, p_new, m_new in zip(host, gs, plain[0::3], plain[1::3]):
-        np.testing.assert_allclose(p_new, sgd.sgd_ref(p, g, None, lr=0.1)[0], **TOL[dtype])
+        np.testing.assert_allclose(p_new, sgd.sgd_ref(p, None, g, lr=0.1)[0], **TOL[dtype])
         np.testing.assert_array_equal(m_new, m)
 
 
@@ -202,12 +202,12 @@ def test_multi_tensor_calls_on_the_same_buffers_see_their_new_values():
         grads = [_randn(rng, s, dtype) for s in shapes]
         for g, host in zip(gs, grads):
             g.copy_to_device(host)
-        sgd.sgd_multi_gpu(ps, gs, ms, lr=0.1, momentum=0.9)
+        sgd.sgd_multi_gpu(ps, ms, gs, lr=0.1, momentum=0.9)
         for k, host in enumerate(grads):
-            p_ref[k], m_ref[k] = sgd.sgd_ref(p_ref[k], host, m_ref[k], lr=0.1, momentum=0.9)
+            p_ref[k], m_ref[k] = sgd.sgd_ref(p_ref[k], m_ref[k], host, lr=0.1, momentum=0.9)
         if step == 0:
-            prepared = common.gpu_groups(ps, gs, ms)
-    assert common.gpu_groups(ps, gs, ms) is prepared
+            prepared = common.gpu_groups(ps, ms, gs)
+    assert common.gpu_groups(ps, ms, gs) is prepared
     cuda.synchronize()
     for p, m, pr, mr in zip(ps, ms, p_ref, m_ref):
         _close(p, pr)
