@@ -154,9 +154,10 @@ class _Planner:
             return EqnForm("packed")
         backend = self.backend_of(eqn.device)
         types = [v.ty for v in (*eqn.inputs, *eqn.outputs)]
-        kernel = kernel_table.kernel(backend, op, types, self.deferred, self.fused)
-        out_kernel = kernel_table.out_kernel(backend, op, types, self.fused, self.deferred)
-        out_impl = kernel_table.out_impl(backend, op, types, self.fused, self.deferred)
+        flags = dict(fused=self.fused, deferred=self.deferred)
+        kernel = kernel_table.kernel(backend, op, types, **flags)
+        out_kernel = kernel_table.out_kernel(backend, op, types, **flags)
+        out_impl = kernel_table.out_impl(backend, op, types, **flags)
         # a float16/bfloat16 matmul runs its impl (float32 accumulation), not numpy's ufunc
         ufunc = None if op.accumulates and any(t.dtype in LOW_PRECISION for t in types) \
             else op.ufunc
