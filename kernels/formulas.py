@@ -294,9 +294,17 @@ def _trace(formula, layout: str, scalars: tuple, static: tuple):
         counts[letter] += 1
     results = formula(*arrays, *(_Scalar(tape, i, s) for i, s in enumerate(scalars)),
                       *static)
-    finals = [r.ref if isinstance(r, _Value) else None
-              for letter, r in zip(layout, results) if letter == "k"]
+    finals = [_final_ref(formula.__name__, j, r)
+              for j, (letter, r) in enumerate(zip(layout, results)) if letter == "k"]
     return tape.guards, _allocate(formula.__name__, tape.steps, finals)
+
+
+def _final_ref(name: str, position: int, result):
+    """Where a kept array's new value comes from: a traced value, or None (not updated)."""
+    if result is not None and not isinstance(result, _Value):
+        raise TypeError(f"chunk_program: {name}'s result {position} is not an array "
+                        f"(got {type(result).__name__}), so it cannot update one in place")
+    return None if result is None else result.ref
 
 
 def _allocate(name: str, steps: list, finals: list) -> ChunkProgram:
@@ -332,7 +340,7 @@ def _allocate(name: str, steps: list, finals: list) -> ChunkProgram:
                                  "after its new value is made")
         else:
             out = next((b for b in dying if b[0] == "scratch" or
-                        final_step.get(b[1], -1) >= last_use[("step", i)]), None)
+                        final_step.get(b[1], -1) >= last_use.get(("step", i), i)), None)
             if out is None and free:
                 out = free.pop(0)
             elif out is None:

@@ -154,6 +154,12 @@ def test_chunk_program_refuses_what_it_cannot_replay():
     with pytest.raises(TypeError, match="may not branch on an array"):
         formulas.chunk_program(branches_on_an_array, "kr", (F64(0.5),))
 
+    def swaps(p, m, lr):          # p's new value is made while m's still needs the old p
+        return m * lr, p * lr
+
+    with pytest.raises(ValueError, match="needs kept array 0 after its new value is made"):
+        formulas.chunk_program(swaps, "kk", (F64(0.5),))
+
 
 # ---------------------------------------------------------------- one source for every path
 
