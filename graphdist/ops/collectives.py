@@ -8,12 +8,12 @@ cotangents (mean: a mean); broadcast's is a sum back to the source, which in SPM
 again an all_reduce[op=sum]; reduce_scatter's is an all_gather of the shards' cotangents
 (divided by n for a mean) and all_gather's a reduce_scatter[op=sum] of its cotangent.
 
-Shards (reduce_scatter's results, all_gather's inputs of uneven size): the flattened value
-cut into n contiguous near-equal chunks, the first ones one larger (`shard_sizes`, as the
-data split and the ring's segments cut); replica r holds chunk r. A chunk may be empty (a
-value of fewer elements than replicas). In the logical graph, traced once for every
-replica, a shard is typed as replica 0's (the largest); the replication pass types each
-replica's own (`replica_types`).
+Shards (reduce_scatter's results, all_gather(total=)'s inputs): the flattened value cut into
+n contiguous near-equal chunks, the first ones one larger (`shard_sizes`, as the data split
+and the ring's segments cut); replica r holds chunk r, padded at its end with zeros to
+`shard_length` = ceil(size / n) elements, so that every replica's shard has the same static
+shape and the step is traced once for all of them. all_gather(shard, n, total=size) drops
+the padding. A chunk may be empty (a value of fewer elements than replicas): all padding.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ broadcast_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in ins)))
 
 def shard_sizes(size: int, n: int) -> list[int]:
     """Sizes of the n contiguous near-equal chunks of `size` elements, the first ones one
-    larger: replica r's shard of a reduce_scatter.
+    larger: what replica r's shard of a reduce_scatter holds before its padding.
 
     >>> shard_sizes(10, 4)
     [3, 3, 2, 2]
@@ -75,12 +75,17 @@ def shard_sizes(size: int, n: int) -> list[int]:
 
 
 def shard_offsets(size: int, n: int) -> list[int]:
-    """Where each replica's shard starts in the flattened value (n + 1 entries: the last is
+    """Where each replica's chunk starts in the flattened value (n + 1 entries: the last is
     `size`)."""
     out = [0]
     for s in shard_sizes(size, n):
         out.append(out[-1] + s)
     return out
+
+
+def shard_length(size: int, n: int) -> int:
+    """Every replica's shard length: the largest chunk, ceil(size / n)."""
+    return -(-int(size) // int(n))
 
 
 def _check_replicas(name: str, n) -> int:
@@ -91,48 +96,46 @@ def _check_replicas(name: str, n) -> int:
 
 # every replica's value, concatenated along axis 0 in replica order (n x its rows): how
 # sparse gradients cross replicas (distribute/sparse.py). `n` is the replica count, so the
-# logical graph knows the gathered shape. With `total`, the replicas hold the shards of a
-# flat value of `total` elements (reduce_scatter's results, of near-equal sizes) and every
-# replica gets the whole value back. `first`: the global replica of the first input (a
-# worker's N-way node holds only its own replicas).
+# logical graph knows the gathered shape. With `total`, every replica holds its padded
+# shard of a flat value of `total` elements (as reduce_scatter leaves it) and every
+# replica gets the whole value back, the padding dropped.
 all_gather_p = Op("all_gather", collective=True, num_outputs=None)
 
 
 @all_gather_p.def_shape
-def _all_gather_shape(*xs, n, total=None, first=0):
+def _all_gather_shape(*xs, n, total=None):
     _check_replicas("all_gather", n)
+    _same_types("all_gather", xs)
     if total is None:
-        _same_types("all_gather", xs)
         if xs[0].ndim == 0:
             raise ValueError(f"all_gather: cannot concatenate scalars ({xs[0]}); reshape to 1-D")
         return (ArrayType((n * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype),) * len(xs)
-    sizes = shard_sizes(total, n)
-    for k, x in enumerate(xs):
-        want = sizes[first + k] if len(xs) > 1 else None    # logical: any replica's shard
-        if x.ndim != 1 or x.dtype != xs[0].dtype or x.shape[0] not in (want,) + (
-                () if want is not None else tuple(sizes)):
-            raise ValueError(f"all_gather(total={total}, n={n}): replica {first + k} holds "
-                             f"{x}; expected a flat shard of "
-                             f"{sizes[first + k] if want is not None else sizes} "
-                             f"{xs[0].dtype} elements (contiguous near-equal chunks, the "
-                             "first ones one larger)")
+    if xs[0].shape != (shard_length(total, n),):
+        raise ValueError(f"all_gather(total={total}, n={n}): a replica holds {xs[0]}; "
+                         f"expected its flat shard of {shard_length(total, n)} elements "
+                         "(as reduce_scatter leaves it)")
     return (ArrayType((int(total),), xs[0].dtype),) * len(xs)
 
 
+def unpadded(xp, shards, n: int, total: int):
+    """The flat value of `total` elements from every replica's padded shard, in order."""
+    sizes = shard_sizes(total, n)
+    return xp.concatenate([s[:size] for s, size in zip(shards, sizes)])
+
+
 @all_gather_p.def_impl
-def _all_gather_impl(xp, *xs, n, total=None, first=0):
+def _all_gather_impl(xp, *xs, n, total=None):
     """Every output is the inputs concatenated in replica order; a lone input (an eager
     call, one replica) stands for every replica."""
-    parts = list(xs) if len(xs) == n or total is None and len(xs) > 1 else [xs[0]] * n
-    out = xp.concatenate(parts)
-    out = out if total is None else out[:int(total)]
+    parts = list(xs) if len(xs) == n else [xs[0]] * n
+    out = xp.concatenate(parts) if total is None else unpadded(xp, parts, n, total)
     return tuple(out.copy() for _ in xs)
 
 
 @all_gather_p.def_vjp
-def _all_gather_vjp(cts, x, *, n, total=None, first=0):
+def _all_gather_vjp(cts, x, *, n, total=None):
     """Replica r's value reaches every replica at its rows: its cotangent is the sum of
-    every replica's cotangent at those rows, the rows of r's shard: a reduce_scatter."""
+    every replica's cotangent at those rows: a reduce_scatter (zero on the padding)."""
     from graphdist.ops.array import reshape
 
     return (reshape(reduce_scatter(cts[0], "sum", n), x.shape),)
@@ -140,42 +143,44 @@ def _all_gather_vjp(cts, x, *, n, total=None, first=0):
 
 all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))
 
-
-def _all_gather_types(xs, start: int, *, n, total=None, first=0) -> tuple:
-    return _all_gather_shape(*xs, n=n, total=total, first=start)
-
-
-all_gather_p.replica_types = _all_gather_types
-
-# each replica's shard (flattened, near-equal chunks: `shard_sizes`) of the sum (or mean)
-# of every replica's value: the first half of a ring all-reduce, what sharded optimizer
-# state reads its gradients with. `n`: the replica count; `first`: as all_gather's.
+# each replica's shard (padded flat near-equal chunk: `shard_sizes`, `shard_length`) of the
+# sum (or mean) of every replica's value: the first half of a ring all-reduce, what
+# sharded optimizer state reads its gradients with. `n`: the replica count.
 reduce_scatter_p = Op("reduce_scatter", collective=True, num_outputs=None)
 
 
 @reduce_scatter_p.def_shape
-def _reduce_scatter_shape(*xs, op, n, first=0):
+def _reduce_scatter_shape(*xs, op, n):
     _check_replicas("reduce_scatter", n)
     reduce_types("reduce_scatter", xs, op)
-    sizes = shard_sizes(xs[0].size, n)
-    return tuple(ArrayType((sizes[first + k],), xs[0].dtype) for k in range(len(xs)))
+    return (ArrayType((shard_length(xs[0].size, n),), xs[0].dtype),) * len(xs)
+
+
+def padded_shards(xp, total, n: int, first: int = 0, count: int | None = None) -> tuple:
+    """Replicas first, first + 1, ...'s padded shards of the flat `total` (count: n)."""
+    at, length = shard_offsets(total.size, n), shard_length(total.size, n)
+    out = []
+    for r in range(first, first + (n if count is None else count)):
+        shard = xp.zeros(length, total.dtype)
+        shard[:at[r + 1] - at[r]] = total[at[r]:at[r + 1]]
+        out.append(shard)
+    return tuple(out)
 
 
 @reduce_scatter_p.def_impl
-def _reduce_scatter_impl(xp, *xs, op, n, first=0):
-    """The sum of the inputs in replica order (a mean divides by n), cut into shards;
-    output k is replica first + k's. A lone input (an eager call) is one replica's."""
+def _reduce_scatter_impl(xp, *xs, op, n):
+    """The sum of the inputs in replica order (a mean divides by n), cut into padded
+    shards; output k is replica k's. A lone input (an eager call) is replica 0's."""
     total = xp.array(xs[0], copy=True).reshape(-1)
     for x in xs[1:]:
         total = total + x.reshape(-1)
     if op == "mean" and n > 1:
         total = total / total.dtype.type(n)
-    at = shard_offsets(total.size, n)
-    return tuple(total[at[first + k]:at[first + k + 1]].copy() for k in range(len(xs)))
+    return padded_shards(xp, total, n, 0, len(xs))
 
 
 @reduce_scatter_p.def_vjp
-def _reduce_scatter_vjp(cts, x, *, op, n, first=0):
+def _reduce_scatter_vjp(cts, x, *, op, n):
     """Every replica's value adds into every shard: its cotangent is every shard's
     cotangent, gathered (divided by n for a mean) and shaped as the value."""
     from graphdist.ops.array import reshape
@@ -189,13 +194,6 @@ def _reduce_scatter_vjp(cts, x, *, op, n, first=0):
 
 reduce_scatter_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
                                                   sum(t.nbytes for t in ins + outs)))
-
-
-def _reduce_scatter_types(xs, start: int, *, op, n, first=0) -> tuple:
-    return _reduce_scatter_shape(*xs, op=op, n=n, first=start)
-
-
-reduce_scatter_p.replica_types = _reduce_scatter_types
 
 copy_p = Op("copy_to", collective=True)  # the one cross-device edge: runs on `device`
 copy_p.def_shape(lambda x, *, device: x)
@@ -223,7 +221,7 @@ def _all_reduce_constant(x, op: str):
 
 def all_gather(x, n: int, total: int | None = None):
     """Every replica's `x` (each of the same shape), concatenated in replica order; with
-    `total`, each replica's `x` is its flat shard of a value of `total` elements (as
+    `total`, each replica's `x` is its padded flat shard of a value of `total` elements (as
     reduce_scatter leaves it) and every replica gets the whole flat value."""
     if total is None:
         return bind(all_gather_p, x, n=int(n))[0]
@@ -233,7 +231,8 @@ def all_gather(x, n: int, total: int | None = None):
 def reduce_scatter(x, op: str = "sum", n: int = 1):
     """This replica's shard of the sum (or mean) over the n replicas of `x`: the flattened
     result cut into n contiguous near-equal chunks, the first ones one larger; replica r
-    gets chunk r (see `shard_sizes`). all_gather(shard, n, total=x.size) inverts it."""
+    gets chunk r (`shard_sizes`), padded with zeros to ceil(size / n) elements
+    (`shard_length`). all_gather(shard, n, total=x.size) inverts it."""
     return bind(reduce_scatter_p, x, op=op, n=int(n))[0]
 
 

@@ -6,6 +6,7 @@ them on CPU devices, a parallel Numba kernel, is in runtime/kernel_table.py.
 
 from __future__ import annotations
 
+from graphdist.ir.types import ArrayType
 from graphdist.ops.collectives import reduce_types
 from graphdist.ops.core import Op
 
@@ -65,13 +66,13 @@ host_all_gather_p = Op("host_all_gather", collective=True, num_outputs=None,
 
 @host_all_gather_p.def_shape
 def _host_all_gather_shape(*xs):
-    """Rows add up: values of one type, or the flat shards of one value (uneven sizes)."""
+    """Rows add up: values of one type, or flat parts of different lengths (the unpadded
+    shards of one value)."""
     from graphdist.ops.collectives import all_gather_p
 
     if all(x == xs[0] for x in xs) or any(x.ndim != 1 or x.dtype != xs[0].dtype for x in xs):
         return all_gather_p.shape_rule(*xs, n=len(xs))
-    total = sum(x.shape[0] for x in xs)
-    return all_gather_p.shape_rule(*xs, n=len(xs), total=total)
+    return (ArrayType((sum(x.shape[0] for x in xs),), xs[0].dtype),) * len(xs)
 
 
 host_all_gather_p.def_impl(lambda xp, *xs: tuple(xp.concatenate(xs) for _ in xs))
@@ -87,9 +88,9 @@ host_all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs
 
 
 # ---------------------------------------------------------------- reduce-scatter
-# inputs: one flat buffer per replica; outputs: each replica's shard (near-equal chunks,
-# the first ones one larger) of the sum in replica order, each written once: the part of a
-# host_all_reduce a sharded update reads
+# inputs: one flat buffer per replica; outputs: each replica's padded shard (its near-equal
+# chunk of the sum in replica order, zeros after it: ops/collectives.py), each written
+# once: the part of a host_all_reduce that a sharded update reads
 host_reduce_scatter_p = Op("host_reduce_scatter", collective=True, num_outputs=None,
                            differentiable=False)
 
@@ -110,7 +111,8 @@ def _host_reduce_scatter_impl(xp, *xs, op):
 
 @host_reduce_scatter_p.def_out(may_alias=True)   # outs[k] may alias xs[k]: read first
 def _host_reduce_scatter_out(xp, outs, *xs, op):
-    """Each shard summed straight into its output, in replica order (no full buffer)."""
+    """Each chunk summed in replica order on its own (no full-size buffer), then written
+    with its padding into its output."""
     from graphdist.ops.collectives import shard_offsets
 
     outs = outs if isinstance(outs, tuple) else (outs,)
@@ -126,7 +128,8 @@ def _host_reduce_scatter_out(xp, outs, *xs, op):
             xp.divide(acc, acc.dtype.type(len(xs)), out=acc)
         sums.append(acc)
     for out, acc in zip(outs, sums):     # after every read: an output may be an input
-        xp.copyto(out, acc)
+        out[:acc.size] = acc
+        out[acc.size:] = 0
 
 
 host_reduce_scatter_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),

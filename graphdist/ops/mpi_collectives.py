@@ -65,9 +65,10 @@ def _mpi_all_reduce_out(xp, outs, *xs, op, group, replicas):
 mpi_all_reduce_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
                                                   2 * sum(t.nbytes for t in ins)))
 
-# inputs: one value per local replica; outputs: each local replica's shard (near-equal
-# chunks of the flattened sum over every worker's replicas, the first ones one larger).
-# params: `first` (this worker's first global replica), `group`, `op`, `replicas`.
+# inputs: one value per local replica; outputs: each local replica's padded shard (its
+# near-equal chunk of the flattened sum over every worker's replicas, zeros after it: see
+# ops/collectives.py). params: `first` (this worker's first global replica), `group`,
+# `op`, `replicas`.
 mpi_reduce_scatter_p = Op("mpi_reduce_scatter", collective=True, num_outputs=None,
                           differentiable=False)
 
@@ -76,22 +77,22 @@ mpi_reduce_scatter_p = Op("mpi_reduce_scatter", collective=True, num_outputs=Non
 def _mpi_reduce_scatter_shape(*xs, first, group, op, replicas):
     from graphdist.ops.collectives import reduce_scatter_p
 
-    return reduce_scatter_p.shape_rule(*xs, op=op, n=replicas, first=first)
+    return reduce_scatter_p.shape_rule(*xs, op=op, n=replicas)
 
 
 @mpi_reduce_scatter_p.def_impl
 def _mpi_reduce_scatter_impl(xp, *xs, first, group, op, replicas):
     """The local sum all-reduced between the workers (the bits of mpi_all_reduce), each
-    local replica's shard cut from it: every worker's result is the same, so a shard does
-    not depend on which worker holds it."""
-    from graphdist.ops.collectives import shard_offsets
+    local replica's shard cut from it: every worker holds the same sum, so a shard does
+    not depend on which worker cuts it. (MPI's Reduce_scatter would move half the bytes;
+    this keeps the group's one checked, abortable collective.)"""
+    from graphdist.ops.collectives import padded_shards
 
     acc = _local_sum(xp, xs)
     group.allreduce(acc, f"a reduce-scatter of {ArrayType(xs[0].shape, xs[0].dtype)}")
     if op == "mean":
         acc /= acc.dtype.type(replicas)
-    at = shard_offsets(acc.size, replicas)
-    return tuple(acc[at[first + k]:at[first + k + 1]].copy() for k in range(len(xs)))
+    return padded_shards(xp, acc, replicas, first, len(xs))
 
 
 mpi_reduce_scatter_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
@@ -123,33 +124,23 @@ mpi_all_gather_p = Op("mpi_all_gather", collective=True, num_outputs=None,
 
 @mpi_all_gather_p.def_shape
 def _mpi_all_gather_shape(*xs, group, replicas, rows=None):
-    """`rows`: every global replica's rows when they differ (the flat shards of one value);
-    None: every replica holds this worker's type."""
-    if rows is None:
-        _same_types("mpi_all_gather", xs)
-        return (ArrayType((replicas * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype),) \
-            * len(xs)
-    return (ArrayType((sum(rows),) + xs[0].shape[1:], xs[0].dtype),) * len(xs)
+    """`rows`: every global replica's valid rows when the inputs are padded shards (the
+    rest is padding, dropped); None: all of every replica's rows."""
+    _same_types("mpi_all_gather", xs)
+    gathered = replicas * xs[0].shape[0] if rows is None else sum(rows)
+    return (ArrayType((gathered,) + xs[0].shape[1:], xs[0].dtype),) * len(xs)
 
 
 @mpi_all_gather_p.def_impl
 def _mpi_all_gather_impl(xp, *xs, group, replicas, rows=None):
     """Every replica's rows, in global replica order: this worker's replicas concatenated,
-    then the workers' blocks in rank order. Uneven rows travel padded to the largest and
-    are cut back."""
-    what = f"an all-gather of {len(xs)} x {ArrayType(xs[0].shape, xs[0].dtype)}"
-    if rows is None:
-        mine = xp.concatenate(xs)
-        out = xp.empty((replicas * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype)
-        group.allgather(mine, out, what)
-        return tuple(out.copy() for _ in xs)
-    pad = max(rows)
-    mine = xp.zeros((len(xs) * pad,) + xs[0].shape[1:], xs[0].dtype)
-    for k, x in enumerate(xs):
-        mine[k * pad:k * pad + x.shape[0]] = x
-    padded = xp.empty((replicas * pad,) + xs[0].shape[1:], xs[0].dtype)
-    group.allgather(mine, padded, what)
-    out = xp.concatenate([padded[r * pad:r * pad + rows[r]] for r in range(replicas)])
+    then the workers' blocks in rank order (each replica's padding cut off with `rows`)."""
+    mine = xp.concatenate(xs)
+    out = xp.empty((replicas * xs[0].shape[0],) + xs[0].shape[1:], xs[0].dtype)
+    group.allgather(mine, out, f"an all-gather of {len(xs)} x {ArrayType(xs[0].shape, xs[0].dtype)}")
+    if rows is not None:
+        length = xs[0].shape[0]
+        out = xp.concatenate([out[r * length:r * length + rows[r]] for r in range(replicas)])
     return tuple(out.copy() for _ in xs)
 
 

@@ -59,7 +59,7 @@ def replicate(graphs: list[Graph], devices: tuple, first: int = 0) -> Graph:
                 _clone_eqn(b, d, eqn, maps[d], names[d], devices, first)
         colls = [segments[d][k][1] for d in range(n)]
         if colls[0] is not None:
-            _join_collective(b, colls, maps, devices, names, first)
+            _join_collective(b, colls, maps, devices, names)
     outputs = []
     for d, g in enumerate(graphs):
         outputs += [_mapped(maps[d], v) for v in g.outputs[: g.num_results]]
@@ -96,25 +96,20 @@ def _with(new_eqn, old_eqn, hints):
     return replace(new_eqn, outputs=outs, scope=old_eqn.scope, source=old_eqn.source)
 
 
-def _join_collective(b: Builder, colls, maps, devices, names, start: int = 0) -> None:
-    """The k-th collective of every replica as one N-way node on the first device (`start`:
-    devices[0]'s global replica)."""
+def _join_collective(b: Builder, colls, maps, devices, names) -> None:
+    """The k-th collective of every replica as one N-way node on the first device."""
     first = colls[0]
     for c in colls[1:]:
         if c is None or c.op is not first.op or c.params != first.params:
             raise GraphError(f"replicate: replicas disagree on a collective: {first} vs {c}")
     xs = [_mapped(maps[d], c.inputs[0]) for d, c in enumerate(colls)]
-    # a collective of shards (reduce_scatter, all_gather(total=)) types each replica's own
-    by_replica = getattr(first.op, "replica_types", None)
     for d, x in enumerate(xs[1:], start=1):
-        if x.ty != xs[0].ty and not (by_replica and dict(first.params).get("total")):
+        if x.ty != xs[0].ty:   # a user error (e.g. per-example values of uneven shards)
             raise ShapeError(f"{first.op}: replicas disagree on the value's type: {xs[0].ty} "
                              f"on {devices[0]}, {x.ty} on {devices[d]}; reduce per-example "
                              "values first (e.g. strategy.reduce(op, value, axis=0))"
                              + (f"\n  traced at  {first.source}" if first.source else ""))
-    types = (by_replica([x.ty for x in xs], start, **dict(first.params)) if by_replica
-             else [c.outputs[0].ty for c in colls])
-    outs = tuple(Var(types[d], names[d](c.outputs[0]), devices[d])
+    outs = tuple(Var(c.outputs[0].ty, names[d](c.outputs[0]), devices[d])
                  for d, c in enumerate(colls))
     b.eqns.append(Eqn(first.op, tuple(xs), outs, first.params, device=devices[0],
                       scope=COLLECTIVES_SCOPE, source=first.source))

@@ -183,7 +183,7 @@ def _resolve(cross_device_ops, f2, link, cal: dict, shared_host: bool, num_group
         kind = "host" if model.fused_host_node else "copy"
         base = host_link(cal, kind)
         link = Link(base.latency + cal["node_overhead_s"], base.bandwidth)
-        link_from = (f"this host's {'fused all-reduce' if kind == 'host' else 'memory copy'}"
+        link_from = (f"this host's {'fused all-reduce' if model.fused_host_node else 'memory copy'}"
                      ", calibrated, plus the executor's per-node overhead")
     if link is None and model.crosses_processes:
         link = host_link(cal, "mpi")      # between workers of this host, as calibrated

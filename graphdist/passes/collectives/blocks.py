@@ -8,7 +8,7 @@ import numpy as np
 from graphdist.ir import ArrayType, Eqn, Lit, Var
 from graphdist.ir.builder import Builder
 from graphdist.ops import OPS
-from graphdist.ops.collectives import shard_offsets, shard_sizes
+from graphdist.ops.collectives import shard_length, shard_offsets, shard_sizes
 
 
 def finish_mean(b: Builder, total: Var, n: int, device: str, op: str) -> Var:
@@ -74,9 +74,19 @@ def flat_slice(b: Builder, x: Var, start: int, stop: int) -> Var:
 
 
 def shard_of(b: Builder, total: Var, n: int, replica: int) -> Var:
-    """Replica `replica`'s shard (of n) of `total`, flattened: a view where total lives."""
-    at = shard_offsets(total.ty.size, n)
-    return flat_slice(b, total, at[replica], at[replica + 1])
+    """Replica `replica`'s shard (of n) of `total`, where total lives: its chunk of the
+    flattened value (a view), padded with zeros to every shard's length."""
+    at, length = shard_offsets(total.ty.size, n), shard_length(total.ty.size, n)
+    return padded(b, flat_slice(b, total, at[replica], at[replica + 1]), length)
+
+
+def padded(b: Builder, chunk: Var, length: int) -> Var:
+    """A flat chunk followed by zeros up to `length` elements, on the chunk's device."""
+    if chunk.ty.size == length:
+        return chunk
+    zeros = b.add1(OPS["fill"], [], chunk.device, shape=(length - chunk.ty.size,),
+                   dtype=chunk.ty.dtype, value=0)
+    return concat_on(b, [chunk, zeros] if chunk.ty.size else [zeros], chunk.device)
 
 
 def shards_on_devices(b: Builder, totals: list[Var], n: int, devices: tuple,
@@ -85,6 +95,14 @@ def shards_on_devices(b: Builder, totals: list[Var], n: int, devices: tuple,
     then only the shard is copied)."""
     return [copy_to(b, shard_of(b, totals[d], n, first + d), dev)
             for d, dev in enumerate(devices)]
+
+
+def unpadded_views(b: Builder, xs: list[Var], n: int, total: int | None) -> list[Var]:
+    """All-gather inputs without their padding: each padded shard's chunk, a view where it
+    lives (total None: the values themselves)."""
+    if total is None:
+        return list(xs)
+    return [flat_slice(b, x, 0, size) for x, size in zip(xs, shard_sizes(total, n))]
 
 
 def fused_node(b: Builder, name: str, xs: list[Var], devices: tuple, params: dict,

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from graphdist.ir.builder import Builder
 from graphdist.ops import OPS
 from graphdist.passes.collectives import costs
+from graphdist.ops.collectives import shard_length
 from graphdist.passes.collectives.blocks import (concat_on, copy_to, finish_mean, flat_slice,
-                                                 fused_node, groups_of, near_equal, reshaped,
-                                                 shard_of, sum_in_order, require_kind)
+                                                 fused_node, groups_of, near_equal, padded,
+                                                 require_kind, reshaped, shard_of, sum_in_order,
+                                                 unpadded_views)
 from graphdist.passes.collectives.registry import Lowering, register
 
 
@@ -57,7 +59,8 @@ class OneDevice(Lowering):
 
     def all_gather(self, b, xs, devices, n, total=None):
         target = self._target(devices)
-        whole = concat_on(b, [copy_to(b, x, target) for x in xs], target)
+        parts = unpadded_views(b, xs, n, total)
+        whole = concat_on(b, [copy_to(b, x, target) for x in parts], target)
         return [copy_to(b, whole, dev) for dev in devices]
 
     def all_reduce_cost(self, n, nbytes, link, pricing):
@@ -133,24 +136,22 @@ class Ring(Lowering):
         return [reshaped(b, flat, x.ty.shape) for flat, x in zip(flats, xs)]
 
     def reduce_scatter(self, b, xs, op, devices, n):
-        if len(devices) == 1 or xs[0].ty.size == 0:
-            return [reshaped(b, finish_mean(b, x, 1, dev, op), (x.ty.size,))
-                    for x, dev in zip(xs, devices)]
+        size = xs[0].ty.size
+        if len(devices) == 1 or size == 0:
+            return [shard_of(b, x, n, d) for d, x in enumerate(xs)]
         pieces, done = self._reduce_scatter(b, xs, op, devices)
         out = []
         for d, dev in enumerate(devices):
             mine = [done[d][p] for p in pieces if p[0] == d]
-            out.append(concat_on(b, mine, dev) if mine else
-                       shard_of(b, reshaped(b, xs[d], (xs[d].ty.size,)), n, d))   # empty
+            chunk = concat_on(b, mine, dev) if mine else flat_slice(b, xs[d], 0, 0)
+            out.append(padded(b, chunk, shard_length(size, n)))
         return out
 
     def all_gather(self, b, xs, devices, n, total=None):
         if len(devices) == 1:
             return super().all_gather(b, xs, devices, n, total)
-        pieces = [(d, 0, 0) for d in range(len(devices))]
-        done = [{} for _ in devices]
-        for d, p in enumerate(pieces):
-            done[d][p] = xs[d]
+        pieces = [(d, 0, 0) for d in range(len(devices))]      # one per replica
+        done = [{p: x} for p, x in zip(pieces, unpadded_views(b, xs, n, total))]
         return self._all_gather(b, pieces, done, devices)
 
     def all_reduce_cost(self, n, nbytes, link, pricing):
@@ -236,14 +237,15 @@ class Host(Lowering):
     def reduce_scatter(self, b, xs, op, devices, n):
         self._require(devices)
         if len(devices) == 1:
-            return [reshaped(b, finish_mean(b, xs[0], 1, devices[0], op), (xs[0].ty.size,))]
+            return [shard_of(b, xs[0], 1, 0)]
         return fused_node(b, "host_reduce_scatter", xs, devices, {"op": op})
 
     def all_gather(self, b, xs, devices, n, total=None):
         self._require(devices)
         if len(devices) == 1:
             return super().all_gather(b, xs, devices, n, total)
-        return fused_node(b, "host_all_gather", xs, devices, {}, flatten=False)
+        return fused_node(b, "host_all_gather", unpadded_views(b, xs, n, total), devices, {},
+                          flatten=False)
 
     def all_reduce_cost(self, n, nbytes, link, pricing):
         return costs.host_cost(n, nbytes, link)
@@ -325,7 +327,7 @@ class Mpi(Lowering):
         """Shards of a flat value (`total`): every replica's size, so that MPI can gather
         blocks of uneven sizes."""
         params = {"group": self.group, "replicas": self.replicas}
-        if total is not None:
+        if total is not None:     # padded shards: every replica's chunk length
             params["rows"] = tuple(near_equal(total, self.replicas))
         return fused_node(b, "mpi_all_gather", xs, devices, params, flatten=False)
 

@@ -18,7 +18,8 @@ from typing import ClassVar
 from graphdist.errors import GraphError
 from graphdist.ir.builder import Builder
 from graphdist.passes.collectives import costs
-from graphdist.passes.collectives.blocks import concat_on, copy_to, shards_on_devices
+from graphdist.passes.collectives.blocks import (concat_on, copy_to, shards_on_devices,
+                                                 unpadded_views)
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 LOWERINGS: dict[str, type] = {}
@@ -80,16 +81,17 @@ class Lowering:
         raise NotImplementedError
 
     def reduce_scatter(self, b: Builder, xs: list, op: str, devices: tuple, n: int) -> list:
-        """Device d's flat shard (of n, near-equal, the first ones one larger) of the
-        reduction: by default the all-reduce's result on every device, cut there."""
+        """Device d's padded flat shard (of n near-equal chunks, the first ones one larger)
+        of the reduction: by default the all-reduce's result on every device, cut there."""
         totals = self.all_reduce(b, xs, op, devices)
         return shards_on_devices(b, totals, n, devices, self.first_replica())
 
     def all_gather(self, b: Builder, xs: list, devices: tuple, n: int,
                    total: int | None = None) -> list:
-        """Every replica's value (flat shards of uneven sizes too), concatenated in replica
-        order on every device: each device copies the others' values, n - 1 copies in."""
-        return [concat_on(b, [copy_to(b, x, dev) for x in xs], dev) for dev in devices]
+        """Every replica's value (with `total`: each padded shard's chunk), concatenated in
+        replica order on every device: each device copies the others', n - 1 copies in."""
+        parts = unpadded_views(b, xs, n, total)
+        return [concat_on(b, [copy_to(b, x, dev) for x in parts], dev) for dev in devices]
 
     def broadcast(self, b: Builder, xs: list, source: int, devices: tuple) -> list:
         """Every device gets a copy of the source replica's value."""
