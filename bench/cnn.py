@@ -21,7 +21,7 @@ from bench.common import peer_python, run_peer, run_peers, save, table
 from bench.models import graphdist_side_by_side, make_cnn_step
 from bench.peers.common import CNN_BATCH, cnn_data
 from graphdist.ops import OPS
-from graphdist.runtime.kernel_table import conv2d_backprop_input_cpu
+from graphdist.runtime.adapters.nn import conv2d_backprop_input_cpu
 
 PEERS = [("bench.peers.jax_cnn", 1), ("bench.peers.tf_cnn", 1), ("bench.peers.torch_cnn", 1),
          ("bench.peers.jax_cnn", 4), ("bench.peers.tf_cnn", 4)]

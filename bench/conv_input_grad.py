@@ -18,7 +18,7 @@ import numpy as np
 from bench.common import interleaved, save, table
 from graphdist.ops import OPS, conv
 from graphdist.ops.window import taps, window_geometry
-from graphdist.runtime.kernel_table import conv2d_backprop_input_cpu
+from graphdist.runtime.adapters.nn import conv2d_backprop_input_cpu
 
 LAYERS = {"conv1 28x28x1->32": (28, 1, 32), "conv2 13x13x32->64": (13, 32, 64)}
 PIECES = (1 << 20, 2 << 20, 8 << 20, 1 << 40)      # besides the default PATCH_BYTES

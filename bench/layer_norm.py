@@ -44,7 +44,7 @@ def local_contenders(shape: tuple[int, int]) -> dict:
     each other first, and the copy references."""
     from bench.adam_fused import COPIES, numba_references
     from graphdist.ops import OPS
-    from graphdist.runtime.kernel_table import layer_norm_cpu, layer_norm_grad_cpu
+    from graphdist.runtime.adapters.nn import layer_norm_cpu, layer_norm_grad_cpu
 
     x, ct, gamma, beta = arrays(shape)
     params = {"naxes": 1, "epsilon": EPSILON, "scale": True, "center": True}

@@ -54,24 +54,26 @@ def cnn_logits(ps, x):
 
 def cnn_steps_with(key, forms: dict, repeat: int) -> dict:
     """The tutorial CNN's one-device step built once with each form of the CPU out-kernel
-    `key` ((kind, op) in runtime/kernel_table.OUT_KERNELS; None: the table as it is),
+    `key` ((kind, op) of runtime/kernel_table's registry; None: the registry as it is),
     timed interleaved: what a kernel change does to the whole step."""
     from bench.common import interleaved
     from bench.peers.common import cnn_data
     from graphdist.runtime import kernel_table
 
-    batch, made, listed = cnn_data(), {}, kernel_table.OUT_KERNELS.get(key)
+    batch, made, listed = cnn_data(), {}, kernel_table.entry(*key)
     for name, form in forms.items():
-        if form is not None:
-            kernel_table.OUT_KERNELS[key] = form       # read when the step is lowered
+        if form is not None:                           # read when the step is lowered
+            kernel_table.register(listed.replace(out=form) if listed else
+                                  kernel_table.KernelEntry(key[1], key[0], out=form),
+                                  replace=True)
         try:
             step, _ = make_cnn_step(gd.OneDeviceStrategy("cpu:0"))
             step(batch)
         finally:
             if listed is None:
-                kernel_table.OUT_KERNELS.pop(key, None)
+                kernel_table.ENTRIES.pop(key, None)
             else:
-                kernel_table.OUT_KERNELS[key] = listed
+                kernel_table.ENTRIES[key] = listed
         made[name] = step
     return interleaved({k: (lambda s=s: s(batch)) for k, s in made.items()}, repeat,
                        label="CNN step")

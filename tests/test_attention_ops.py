@@ -405,17 +405,17 @@ def _assert_same_bits(got, want):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", [False, True])
 def test_gelu_numpy_twins_give_the_kernels_bits(dtype, approximate):
-    """The numpy forms a program's first calls run (kernel_table.NUMPY_OUT_KERNELS) against
+    """The numpy forms a program's first calls run (their kernel entries' numpy twins) against
     the Numba kernels, bit for bit: both must give the same training run."""
-    from graphdist.runtime import kernel_table
+    from graphdist.runtime.adapters import nn
 
     rng = np.random.default_rng(11)
     x = np.concatenate(_gelu_inputs(dtype, rng)).reshape(-1, 5)
     ct = rng.standard_normal(x.shape).astype(dtype)
     ct.flat[:6] = [0.0, -0.0, np.inf, np.nan, 1e-30, -3.0]
     for args in ((x,), (ct, x)):
-        kernel, twin = ((kernel_table.gelu_cpu, kernel_table.gelu_numpy) if len(args) == 1 else
-                        (kernel_table.gelu_grad_cpu, kernel_table.gelu_grad_numpy))
+        kernel, twin = ((nn.gelu_cpu, nn.gelu_numpy) if len(args) == 1 else
+                        (nn.gelu_grad_cpu, nn.gelu_grad_numpy))
         want, got = np.empty_like(x), np.full_like(x, 7.0)
         kernel(want, *args, approximate=approximate)
         twin(got, *args, approximate=approximate)
@@ -424,7 +424,7 @@ def test_gelu_numpy_twins_give_the_kernels_bits(dtype, approximate):
         twin(aliased, *args[:-1], aliased, approximate=approximate)
         _assert_same_bits(aliased, want)
     strided = np.empty((x.shape[0], 3), dtype)     # not the kernel's: both take the op's impl
-    kernel_table.gelu_numpy(strided, x[:, ::2], approximate=approximate)
+    nn.gelu_numpy(strided, x[:, ::2], approximate=approximate)
     np.testing.assert_array_equal(strided, gd.nn.gelu(x[:, ::2], approximate))
 
 
@@ -522,9 +522,9 @@ def _counting(monkeypatch, names):
 
     calls = []
     for name in names:
-        kernel = kernel_table.OUT_KERNELS[("cpu", name)]
-        monkeypatch.setitem(kernel_table.OUT_KERNELS, ("cpu", name),
-                            lambda *a, k=kernel, n=name, **kw: (calls.append(n), k(*a, **kw)))
+        entry = kernel_table.ENTRIES[("cpu", name)]
+        monkeypatch.setitem(kernel_table.ENTRIES, ("cpu", name), entry.replace(
+            out=lambda *a, k=entry.out, n=name, **kw: (calls.append(n), k(*a, **kw))))
     return calls
 
 

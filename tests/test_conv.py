@@ -410,7 +410,7 @@ def test_conv_input_grad_kernel_matches_loops_and_the_numpy_bits(
     from graphdist.kernels.conv import col2im_ref
 
     from graphdist.ops import conv
-    from graphdist.runtime.kernel_table import conv2d_backprop_input_cpu
+    from graphdist.runtime.adapters.nn import conv2d_backprop_input_cpu
 
     rng = np.random.default_rng(11)
     f = rng.standard_normal((3, 2, channels, 4)).astype(dtype)
@@ -435,9 +435,9 @@ def test_the_compiled_step_uses_the_kernel(monkeypatch):
     from graphdist.runtime import kernel_table
 
     key, calls = ("cpu", "max_pool2d_grad"), []
-    kernel = kernel_table.OUT_KERNELS[key]
-    monkeypatch.setitem(kernel_table.OUT_KERNELS, key,
-                        lambda *a, **kw: calls.append(kernel(*a, **kw)))
+    kernel = kernel_table.ENTRIES[key].out
+    monkeypatch.setitem(kernel_table.ENTRIES, key, kernel_table.ENTRIES[key].replace(
+        out=lambda *a, **kw: calls.append(kernel(*a, **kw))))
     x = np.random.default_rng(10).standard_normal((8, 16, 16, 8)).astype(np.float32)
     f = gd.function(lambda x: gd.value_and_grad(   # the gradient is no result: an arena buffer
         lambda x: gd.reduce_sum(gd.nn.max_pool2d(x, 2, 2, "VALID") ** 2))(x)[1] * 3.0)

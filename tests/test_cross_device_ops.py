@@ -12,7 +12,7 @@ import graphdist as gd
 from graphdist.distribute import cross_device_ops as cdo
 from graphdist.ir import ArrayType, Var
 from graphdist.ops import OPS
-from graphdist.runtime import kernel_table
+from graphdist.runtime.adapters import collectives as kernel_collectives
 from graphdist.ops.host_collectives import host_all_reduce_ref
 from graphdist.passes import collectives
 from graphdist.ir.builder import Builder
@@ -192,7 +192,7 @@ def test_hierarchical_groups_and_copies():
 
 @pytest.mark.parametrize("parallel", [True, False])
 def test_host_all_reduce_is_one_node_and_no_copies(parallel, monkeypatch):
-    monkeypatch.setattr(kernel_table, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
+    monkeypatch.setattr(kernel_collectives, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
     g = _graph_of(cdo.HostAllReduce(), shape=(64, 100))   # 25 KiB: the kernel's buffers
     fused = [e for e in g.eqns if e.op == "host_all_reduce"]
     assert len(fused) == 1 and not _edges(g)
@@ -210,7 +210,7 @@ def test_host_all_reduce_is_one_node_and_no_copies(parallel, monkeypatch):
 @pytest.mark.parametrize("size", [0, 1, 4097, 3 * 65536 + 5])
 @pytest.mark.parametrize("op", ["sum", "mean"])
 def test_host_kernel_matches_its_reference(dtype, size, op, parallel, monkeypatch):
-    monkeypatch.setattr(kernel_table, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
+    monkeypatch.setattr(kernel_collectives, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
     rng = np.random.default_rng(size)
     xs = [rng.standard_normal(size).astype(dtype) for _ in range(3)]
     keep = [x.copy() for x in xs]

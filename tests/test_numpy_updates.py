@@ -56,9 +56,10 @@ def _run_three_ways(name: str, ins: list, params: dict):
     op = OPS[name]
     inplace = op.inplace(tuple(params.items())) if callable(op.inplace) else op.inplace
     results = []
-    for table in (kernel_table.KERNELS, kernel_table.NUMPY_KERNELS):
+    entry = kernel_table.entry("cpu", name)
+    for form in (entry.kernel, entry.numpy):
         args = [x.copy() for x in ins]
-        table[("cpu", name)](*args, **params)
+        form(*args, **params)
         results.append([args[j] for j in inplace.values()])
     made = op.impl(np, *ins, **params)
     made = made if isinstance(made, tuple) else (made,)

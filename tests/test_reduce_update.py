@@ -86,7 +86,7 @@ def test_the_node_reference_matches_its_kernel():
     node = OPS["host_reduce_update"]
     before = ps[n + 1].copy(), ms[n + 1].copy()
     want = node.impl(np, *ins, **params)                 # numpy: reduce, then update
-    from graphdist.runtime.kernel_table import reduce_update_cpu
+    from graphdist.runtime.adapters.collectives import reduce_update_cpu
 
     reduce_update_cpu(*ins, **params)             # in place on ins
     per = 2 * n + 1                               # a replica's inputs: p, m per tensor, hyper

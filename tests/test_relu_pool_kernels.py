@@ -1,6 +1,6 @@
 """relu's one-pass gradient (relu_grad) and max_pool2d's forward kernel: each kernel against
 its numpy reference and an independent formula, float32 and float64, through the compiled
-path (the OUT_KERNELS entry runs), under merged replicas, and relu's second-order gradient."""
+path (the registered out= kernel runs), under merged replicas, and relu's second-order gradient."""
 
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ def test_the_compiled_relu_gradient_runs_the_kernel_once(dtype, monkeypatch):
     from graphdist.runtime import kernel_table
 
     key, calls = ("cpu", "relu_grad"), []
-    kernel = kernel_table.OUT_KERNELS[key]
-    monkeypatch.setitem(kernel_table.OUT_KERNELS, key,
-                        lambda *a, **kw: calls.append(kernel(*a, **kw)))
+    kernel = kernel_table.ENTRIES[key].out
+    monkeypatch.setitem(kernel_table.ENTRIES, key, kernel_table.ENTRIES[key].replace(
+        out=lambda *a, **kw: calls.append(kernel(*a, **kw))))
     rng = np.random.default_rng(1)
     x = rng.standard_normal((64, 100)).astype(dtype)
     ct = rng.standard_normal((64, 100)).astype(dtype)
@@ -173,9 +173,9 @@ def test_the_compiled_max_pool_runs_the_kernel(dtype, monkeypatch):
     from graphdist.runtime import kernel_table
 
     key, calls = ("cpu", "max_pool2d"), []
-    kernel = kernel_table.OUT_KERNELS[key]
-    monkeypatch.setitem(kernel_table.OUT_KERNELS, key,
-                        lambda *a, **kw: calls.append(kernel(*a, **kw)))
+    kernel = kernel_table.ENTRIES[key].out
+    monkeypatch.setitem(kernel_table.ENTRIES, key, kernel_table.ENTRIES[key].replace(
+        out=lambda *a, **kw: calls.append(kernel(*a, **kw))))
     x = np.random.default_rng(6).standard_normal((8, 16, 16, 8)).astype(dtype)
     f = gd.function(lambda x: gd.nn.max_pool2d(x, 3, 2, "SAME") * 2.0)
     got = f(x)

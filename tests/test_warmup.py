@@ -2,7 +2,7 @@
 background (runtime/warmup.py). The claim that makes it safe: either form gives the same
 bits. Each model here trains a few steps on the numpy forms (warm-up held back) and a few
 on the kernels, from the same start, and the variables must be equal bit for bit; the ops
-covered are every entry of kernel_table.EXACT_FALLBACK."""
+covered are every op of kernel_table.exact_ops()."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def train(make, background: bool):
             assert any(getattr(p, "warming", False) for p in ran), "nothing was deferred"
             for p in ran:       # the ops these numpy forms stood in for
                 calls = getattr(p, "warming", False) and p.deferred_calls or []
-                COVERED.update(c.op for c in calls if c.op in kernel_table.EXACT_FALLBACK)
+                COVERED.update(c.op for c in calls if c.op in kernel_table.exact_ops())
     else:
         for _ in range(STEPS):
             losses.append(_host(step(*batch)))
@@ -237,10 +237,10 @@ def test_a_transformer_block_trains_to_the_same_bits_on_either_form(approximate)
 
 
 def test_the_models_above_cover_every_exact_fallback():
-    """Runs last in this file: an op added to EXACT_FALLBACK needs a model here."""
+    """Runs last in this file: an op given an exact kernel entry needs a model here."""
     if len(COVERED) < 3:
         pytest.skip("run with the rest of this file")
-    assert kernel_table.EXACT_FALLBACK - COVERED == set()
+    assert kernel_table.exact_ops() - COVERED == set()
 
 
 def test_the_program_switches_to_the_kernels_once_they_load():

@@ -158,9 +158,10 @@ class _Planner:
         kernel = kernel_table.kernel(backend, op, types, **flags)
         out_kernel = kernel_table.out_kernel(backend, op, types, **flags)
         out_impl = kernel_table.out_impl(backend, op, types, **flags)
-        # a float16/bfloat16 matmul runs its impl (float32 accumulation), not numpy's ufunc
-        ufunc = None if op.accumulates and any(t.dtype in LOW_PRECISION for t in types) \
-            else op.ufunc
+        # a float16/bfloat16 matmul runs its impl (float32 accumulation), not numpy's ufunc;
+        # a registered out= kernel runs in place of the ufunc
+        ufunc = None if out_kernel is not None or op.accumulates and any(
+            t.dtype in LOW_PRECISION for t in types) else op.ufunc
         forms = dict(ufunc=ufunc, kernel=kernel, out_kernel=out_kernel, out_impl=out_impl)
         if kernel is not None and op.inplace:
             return EqnForm("inplace", **forms)

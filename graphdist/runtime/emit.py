@@ -208,8 +208,7 @@ class Emitter:
     def note_kernel(self, kernel, params, form: str, eqn) -> None:
         """Remember a CPU kernel call for warmup (what a first call may run without); an
         in-place numpy form (unfused, or deferred) has nothing to load."""
-        if (kernel in kernel_table.NUMPY_KERNELS.values()
-                or kernel in kernel_table.NUMPY_OUT_KERNELS.values()):
+        if kernel_table.is_numpy_twin(kernel):
             return
         if self.backend_of(eqn.device).kind == "cpu":
             ins = tuple(v.ty if isinstance(v, Var) else np.asarray(v.value, v.ty.dtype)[()]

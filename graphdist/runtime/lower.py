@@ -38,7 +38,8 @@ def lower(g: Graph, backend: Backend, storage: dict, fused: bool | None = None,
     if events is not None or imports or exports or not warmup.enabled():
         return program
     calls = warmup.pending(emitter.kernel_calls)
-    if not any(c.op in kernel_table.EXACT_FALLBACK for c in calls):
+    exact = kernel_table.exact_ops()
+    if not any(c.op in exact for c in calls):
         return program
     first = _emitter(g, backend, storage, fused, deferred=True).run()
     return warmup.tiered(program, first, calls)

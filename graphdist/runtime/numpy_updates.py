@@ -10,8 +10,8 @@ operations in the same order, so the kernels' bits, but as ufuncs writing `out=`
 variables (updated in place) and per-thread scratch chunks, one CHUNK of elements at a time
 so the scratch stays in cache.
 
-Each takes the calling convention of its kernel wrapper in kernel_table.py, which lists
-them in NUMPY_KERNELS. Numba is never imported here: the point is to run without it.
+Each takes the calling convention of its kernel adapter in runtime/adapters/, whose
+registry entry names it as the kernel's exact numpy twin. Numba is never imported here: the point is to run without it.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _multi(update: str, arrays, n: int, params: dict) -> None:
             program([x[a:b] for x in xs], (g[a:b],), [x[:b - a] for x in scratch], scalars)
 
 
-# ---------------------------------------------------------------- kernel_table conventions
+# ---------------------------------------------------------------- the adapters' conventions
 
 
 def sgd(p, g, hyper):

@@ -3,7 +3,7 @@
 A step's first call used to wait for every Numba kernel it uses: about 0.25 s to load
 them from the on-disk cache (Numba's own start-up, mostly) and several seconds to compile
 them with a cold cache (a fresh checkout, a new Numba). Most kernels have a numpy form that
-gives the same bits (EXACT_FALLBACK in kernel_table.py), so a program starts on those
+gives the same bits (kernel_table.exact_ops()), so a program starts on those
 forms while one background thread calls each kernel once on zeros of the real operand
 types (which compiles or loads it), then switches to the kernels between two calls.
 The optimizer updates run as in-place numpy forms then (runtime/numpy_updates.py), not as

@@ -1,0 +1,162 @@
+"""Kernel adapters of the network ops on the CPU: elementwise (where, relu's gradient),
+pooling, the convolution's input gradient and the transformer blocks (gelu, layer_norm,
+softmax). Each falls back to the op's numpy impl for operands its kernel refuses."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from graphdist.runtime.adapters.registry import OP_IMPL, register_kernel
+
+
+def _op(name: str):
+    from graphdist.ops import OPS
+
+    return OPS[name]
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+@register_kernel("where", kind="cpu", out=True, numpy=OP_IMPL, exact=True)
+def where_cpu(out, c, x, y):
+    """One pass over cond, x and y where the shapes allow; else numpy's two masked copies.
+    Never given an aliased `out`: the one-pass select vectorizes only on distinct buffers."""
+    from graphdist.kernels.select import select_cpu
+
+    if select_cpu(c, x, y, out):
+        return
+    np.copyto(out, y, where=np.logical_not(c))
+    np.copyto(out, x, where=c)
+
+
+@register_kernel("relu_grad", kind="cpu", out=True, numpy=OP_IMPL, exact=True)
+def relu_grad_cpu(out, ct, y):
+    """One parallel pass (numpy: a comparison into a bool array, then a masked copy)."""
+    from graphdist.kernels.relu import relu_grad_cpu
+
+    if not relu_grad_cpu(ct, y, out):
+        _op("relu_grad").out_impl(np, out, ct, y)
+
+
+# ---------------------------------------------------------------- pooling, convolution
+
+
+@register_kernel("max_pool2d", kind="cpu", out=True, numpy=OP_IMPL, exact=True)
+def max_pool2d_cpu(y, x, *, ksize, strides, padding):
+    """One parallel pass over the windows (numpy: one strided maximum per window tap)."""
+    from graphdist.kernels.pool import max_pool_cpu
+    from graphdist.ops.window import window_geometry
+
+    _, pads = window_geometry("max_pool2d", x.shape[1:3], ksize, strides, (1, 1), padding, "")
+    max_pool_cpu(x, y, ksize, strides, (pads[0][0], pads[1][0]))
+
+
+@register_kernel("max_pool2d_grad", kind="cpu", out=True, numpy=OP_IMPL, exact=True)
+def max_pool2d_grad_cpu(dx, x, y, dy, *, ksize, strides, padding):
+    """TF's MaxPoolGrad in one parallel pass (numpy's per-tap masks are ~16x slower)."""
+    from graphdist.kernels.pool import max_pool_grad_cpu
+    from graphdist.ops.window import window_geometry
+
+    _, pads = window_geometry("max_pool2d_grad", x.shape[1:3], ksize, strides, (1, 1), padding,
+                              "")
+    max_pool_grad_cpu(x, y, dy, dx, ksize, strides, (pads[0][0], pads[1][0]))
+
+
+@register_kernel("conv2d_backprop_input", kind="cpu", out=True, numpy=OP_IMPL, exact=True)
+def conv2d_backprop_input_cpu(dx, dy, f, **params):
+    """One GEMM into columns per chunk of images, then a parallel Numba col2im (numpy: a
+    strided add over dx per window tap, same bits)."""
+    from graphdist.kernels.conv import col2im_cpu
+    from graphdist.ops.conv import input_grad_by_columns
+
+    input_grad_by_columns(np, dx, dy, f, col2im=col2im_cpu, **params)
+
+
+# ---------------------------------------------------------------- transformer blocks
+
+
+def _gelu_forms(module: str) -> tuple:
+    """gelu and gelu_grad through `module`'s exact forms: kernels/gelu.py's Numba kernels
+    (float32 with a vectorized rational erf, 0.2 ms for 32x64x512 on 2 cores; float64 with
+    the C library's erfc, 5 ms; numpy's reference, erfc from array passes: 62 ms) or
+    kernels/gelu_numpy.py's twins, which give their bits with nothing to load. The tanh
+    form, and operands they refuse, run the op's numpy impl (6 ms against 8 ms)."""
+    def gelu(out, x, *, approximate):
+        forms = importlib.import_module(f"graphdist.kernels.{module}")
+        if approximate or not forms.gelu_cpu(x, out):
+            _op("gelu").out_impl(np, out, x, approximate=approximate)
+
+    def gelu_grad(out, ct, x, *, approximate):
+        forms = importlib.import_module(f"graphdist.kernels.{module}")
+        if approximate or not forms.gelu_grad_cpu(ct, x, out):
+            _op("gelu_grad").out_impl(np, out, ct, x, approximate=approximate)
+
+    return gelu, gelu_grad
+
+
+# the op's generic out_impl is an independent reference (Cody's float64 erfc), not the
+# kernel's math: the twins are kernels/gelu_numpy.py's
+gelu_cpu, gelu_grad_cpu = _gelu_forms("gelu")
+gelu_numpy, gelu_grad_numpy = _gelu_forms("gelu_numpy")
+register_kernel("gelu", kind="cpu", out=True, numpy=gelu_numpy, exact=True)(gelu_cpu)
+register_kernel("gelu_grad", kind="cpu", out=True, numpy=gelu_grad_numpy,
+                exact=True)(gelu_grad_cpu)
+
+
+# not exact: the kernel sums with fastmath reassoc, in LLVM's order, so it loads before a
+# program's first call
+@register_kernel("layer_norm", kind="cpu", out=True)
+def layer_norm_cpu(out, x, *affine, naxes, epsilon, scale, center):
+    """One parallel pass over the rows (numpy's reference: about ten array passes)."""
+    from graphdist.kernels.layer_norm import layer_norm_cpu
+
+    gamma, beta = affine[0] if scale else None, affine[-1] if center else None
+    if not layer_norm_cpu(x, gamma, beta, epsilon, naxes, out):
+        out[...] = _op("layer_norm").impl(np, x, *affine, naxes=naxes, epsilon=epsilon,
+                                          scale=scale, center=center)
+
+
+@register_kernel("layer_norm_grad", kind="cpu", out=True)
+def layer_norm_grad_cpu(outs, ct, x, *gamma, naxes, epsilon, scale, center):
+    """dx, and dgamma and dbeta as per-row-block partial sums, in one pass over the rows."""
+    from graphdist.kernels.layer_norm import layer_norm_grad_cpu
+
+    outs = outs if isinstance(outs, tuple) else (outs,)      # dx alone: one buffer
+    dx, *rest = outs
+    dgamma = rest.pop(0) if scale else None
+    dbeta = rest.pop(0) if center else None
+    if not layer_norm_grad_cpu(ct, x, gamma[0] if scale else None, epsilon, naxes, dx, dgamma,
+                               dbeta):
+        made = _op("layer_norm_grad").impl(np, ct, x, *gamma, naxes=naxes, epsilon=epsilon,
+                                           scale=scale, center=center)
+        for out, value in zip(outs, made):
+            out[...] = value
+
+
+def _softmax_forms(module: str) -> tuple:
+    """softmax and softmax_grad through `module`: kernels/softmax.py's row-wise Numba
+    kernels (numpy's reference: five to eight array passes) or kernels/softmax_numpy.py's
+    twins with their bits; operands they refuse run the op's numpy impl."""
+    def softmax(out, x, *mask):
+        forms = importlib.import_module(f"graphdist.kernels.{module}")
+        if not forms.softmax_cpu(x, mask[0] if mask else None, out):
+            out[...] = _op("softmax").impl(np, x, *mask)
+
+    def softmax_grad(out, g, y):
+        forms = importlib.import_module(f"graphdist.kernels.{module}")
+        if not forms.softmax_grad_cpu(g, y, out):
+            out[...] = _op("softmax_grad").impl(np, g, y)
+
+    return softmax, softmax_grad
+
+
+# the op's generic impl sums with numpy's pairwise sums, not the kernel's order: the twins
+# are kernels/softmax_numpy.py's
+softmax_cpu, softmax_grad_cpu = _softmax_forms("softmax")
+softmax_numpy, softmax_grad_numpy = _softmax_forms("softmax_numpy")
+register_kernel("softmax", kind="cpu", out=True, numpy=softmax_numpy, exact=True)(softmax_cpu)
+register_kernel("softmax_grad", kind="cpu", out=True, numpy=softmax_grad_numpy,
+                exact=True)(softmax_grad_cpu)
