@@ -23,8 +23,7 @@ decides which form runs:
 - else the kernel.
 
 Kernels come from graphdist.kernels (Numba, CPU and CUDA) and are imported only when a
-program that uses them is lowered, so `import graphdist` compiles nothing, and nothing
-imports CuPy.
+program that uses them is lowered: importing the registry loads neither Numba nor CuPy.
 """
 
 from __future__ import annotations
