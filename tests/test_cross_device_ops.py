@@ -141,7 +141,7 @@ def test_ring_chunks_do_not_change_the_bits():
 
 def _edges(g):
     """(source device, destination device) of every copy_to in a placed graph."""
-    return {(eqn.inputs[0].device, eqn.device) for eqn in g.eqns if eqn.op == "copy_to"}
+    return {(eqn.inputs[0].device, eqn.device) for eqn in g.eqns if eqn.op.name == "copy_to"}
 
 
 def _graph_of(ops, n=4, shape=(10,)):
@@ -167,9 +167,9 @@ def test_reduction_to_one_device_copies_to_the_target_and_back():
 def test_ring_copies_only_between_ring_neighbours():
     g = _graph_of(cdo.RingAllReduce())
     assert _edges(g) == {(f"cpu:{d}", f"cpu:{(d + 1) % 4}") for d in range(4)}
-    copies = [e for e in g.eqns if e.op == "copy_to"]
+    copies = [e for e in g.eqns if e.op.name == "copy_to"]
     assert len(copies) == 4 * 2 * 3          # n segments x (n-1) steps, twice
-    adds = [e for e in g.eqns if e.op == "add"]
+    adds = [e for e in g.eqns if e.op.name == "add"]
     assert len(adds) == 4 * 3 and all(e.inputs[0].device == e.device for e in adds)
     assert len(_graph_of(cdo.RingAllReduce(num_chunks=2), shape=(40,)).eqns) > len(g.eqns)
 
@@ -194,7 +194,7 @@ def test_hierarchical_groups_and_copies():
 def test_host_all_reduce_is_one_node_and_no_copies(parallel, monkeypatch):
     monkeypatch.setattr(kernel_collectives, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
     g = _graph_of(cdo.HostAllReduce(), shape=(64, 100))   # 25 KiB: the kernel's buffers
-    fused = [e for e in g.eqns if e.op == "host_all_reduce"]
+    fused = [e for e in g.eqns if e.op.name == "host_all_reduce"]
     assert len(fused) == 1 and not _edges(g)
     (eqn,) = fused
     assert eqn.device == "cpu:0" and [v.device for v in eqn.outputs] == [f"cpu:{i}"

@@ -59,7 +59,7 @@ def test_python_control_flow_unrolls_and_bool_of_tensor_is_an_error():
         return x
 
     np.testing.assert_array_equal(f(np.zeros(2, np.float32), 3), [3, 3])
-    assert sum(1 for e in f.graph.eqns if e.op == "add") == 3
+    assert sum(1 for e in f.graph.eqns if e.op.name == "add") == 3
 
     @gd.function
     def g(x):

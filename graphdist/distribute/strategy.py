@@ -21,7 +21,10 @@ from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, Value
                                          map_structure)
 from graphdist.ir import Var
 from graphdist.ir.types import is_float
+from graphdist.ops.array import reshape_p, split_p
+from graphdist.ops.collectives import all_gather_p, all_reduce_p, broadcast_p
 from graphdist.ops.core import Symbolic, current_tracer
+from graphdist.ops.state import read_p
 from graphdist.pytree import flatten, unflatten
 
 
@@ -131,7 +134,7 @@ def _on_devices(value, devices):
 # a bucketed all-reduce's results are split and reshaped views of one all-reduced buffer:
 # as mirrored as the buffer (other ops on a mirrored value give a per-replica result, as
 # TF's regrouping does for every tensor a replica computes)
-_REARRANGING = ("reshape", "split")
+_REARRANGING = (reshape_p, split_p)
 
 
 def _is_mirrored_tensor(t) -> bool:
@@ -147,9 +150,9 @@ def _is_mirrored_tensor(t) -> bool:
 def _mirrored_var(tracer, var, depth: int) -> bool:
     for eqn in reversed(tracer.eqns):
         if var in eqn.outputs:
-            if eqn.op in ("all_reduce", "broadcast", "all_gather"):
+            if eqn.op in (all_reduce_p, broadcast_p, all_gather_p):
                 return True
-            if eqn.op == "read_var":
+            if eqn.op is read_p:
                 return not dict(eqn.params)["var"].on_read
             if eqn.op in _REARRANGING and depth < 4:
                 return all(_mirrored_var(tracer, v, depth + 1) for v in eqn.inputs

@@ -27,7 +27,7 @@ def liveness(g: Graph) -> Liveness:
                 eqn.inputs[a], Var) else v
     last_use: dict = {}
     for i, eqn in enumerate(g.eqns):
-        ins = eqn.inputs[1:] if eqn.op == "assign_var" else eqn.inputs  # state in: order only
+        ins = eqn.inputs[1:] if eqn.op.overwrites_state else eqn.inputs  # state in: order only
         for v in ins:
             if isinstance(v, Var):
                 last_use[root[v]] = i

@@ -247,7 +247,7 @@ fill_p = Op("fill", differentiable=False)
 fill_p.def_shape(lambda *, shape, dtype, value: ArrayType(tuple(shape), dtype))
 fill_p.def_impl(lambda xp, *, shape, dtype, value: xp.full(shape, value, dtype=dtype))
 
-shape_p = Op("shape", differentiable=False)
+shape_p = Op("shape", differentiable=False, foldable=False)
 shape_p.def_shape(lambda x: ArrayType((x.ndim,), np.dtype("int32")))
 shape_p.def_impl(lambda xp, x: xp.asarray(x.shape, dtype=np.int32))
 shape_p.def_cost(lambda ins, outs: (0, outs[0].nbytes))
@@ -367,7 +367,7 @@ class Const:
         return " ".join(np.array2string(v, precision=4, separator=",").split())   # one line
 
 
-constant_p = Op("constant", differentiable=False)
+constant_p = Op("constant", differentiable=False, foldable=False)
 constant_p.def_shape(lambda *, value: ArrayType(value.value.shape, value.value.dtype))
 constant_p.def_impl(lambda xp, *, value: xp.asarray(value.value))
 constant_p.def_cost(lambda ins, outs, **_: (0, 0))

@@ -240,7 +240,8 @@ def broadcast(x, source: int = 0):
     return bind(broadcast_p, x, source=int(source))[0]
 
 
-replica_id_p = Op("replica_id", differentiable=False)  # replication makes it a per-device constant
+# replication makes it a per-device constant: never folded before that
+replica_id_p = Op("replica_id", differentiable=False, foldable=False)
 replica_id_p.def_shape(lambda: ArrayType((), np.dtype("int32")))
 replica_id_p.def_impl(lambda xp: xp.asarray(0, dtype=np.int32))
 

@@ -66,7 +66,7 @@ def _conv_cost(ins, outs, *, rows_macs, **_):
 
 # ---------------------------------------------------------------- conv2d
 
-conv2d_p = Op("conv2d")
+conv2d_p = Op("conv2d", cost_kind="matmul")
 
 
 @conv2d_p.def_shape
@@ -124,7 +124,7 @@ conv2d_p.def_cost(lambda ins, outs, **_: _conv_cost(
 # the former form (per tap a GEMM dy @ f[i, j].T added into strided slices of dx): 10.2 ms;
 # numpy's col2im: 9.6 ms. x (256, 28, 28, 1), 3x3x1x32: 2.0 ms against 3.5.
 
-conv2d_backprop_input_p = Op("conv2d_backprop_input")
+conv2d_backprop_input_p = Op("conv2d_backprop_input", cost_kind="matmul")
 
 
 @conv2d_backprop_input_p.def_shape
@@ -225,7 +225,7 @@ conv2d_backprop_input_p.def_cost(lambda ins, outs, **_: _conv_cost(
 # against numpy's 0.09 ms for 30 images), a direct Numba kernel for one input channel no
 # faster than the GEMM.
 
-conv2d_backprop_filter_p = Op("conv2d_backprop_filter")
+conv2d_backprop_filter_p = Op("conv2d_backprop_filter", cost_kind="matmul")
 
 
 @conv2d_backprop_filter_p.def_shape

@@ -23,26 +23,61 @@ class Symbolic:
     __slots__ = ()
 
 
+# What the simulator's calibrated model prices an op as (simulate/costs.py `eqn_seconds`):
+# by its FLOPs at a GEMM's rate, or by the bytes it touches at a reduction's or a pass's.
+COST_KINDS = ("elementwise", "reduce", "matmul")
+
+
 class Op:
     """What one op means: shape rule, impl, vjp, batching and cost rules. Which kernel runs
-    it on which device is the runtime's business (runtime/kernel_table.py)."""
+    it on which device is the runtime's business (runtime/kernel_table.py).
 
-    def __init__(self, name: str, *, num_outputs: int = 1, elementwise: bool = False,
+    Graph code asks an op's declared flags or compares op objects (`eqn.op is reshape_p`),
+    never its name: an Op equals only itself. Every attribute an op carries is declared
+    here (__slots__), so a flag set from outside by a misspelt name fails at import."""
+
+    __slots__ = ("name", "num_outputs", "elementwise", "collective", "stateful", "view",
+                 "alias_input", "inplace", "differentiable", "ufunc", "accumulates",
+                 "shape_rule", "impl", "out_impl", "out_may_alias", "vjp", "cost_rule",
+                 "batch_rule", "cost_kind", "foldable", "multi_tensor", "orders_own_streams",
+                 "overwrites_state", "__weakref__")
+
+    def __init__(self, name: str, *, num_outputs: int | None = 1, elementwise: bool = False,
                  collective: bool = False, stateful: bool = False, view: bool = False,
-                 differentiable: bool = True, ufunc: str | None = None):
+                 differentiable: bool = True, ufunc: str | None = None,
+                 alias_input: int | None = None, inplace=None, cost_kind: str = "elementwise",
+                 foldable: bool | None = None, multi_tensor=None,
+                 orders_own_streams: bool = False, overwrites_state: bool = False):
         if name in OPS:
             raise ValueError(f"op {name!r} is already registered")
+        if cost_kind not in COST_KINDS:
+            raise ValueError(f"op {name!r}: cost_kind {cost_kind!r} is not one of {COST_KINDS}")
         self.name = name
         self.num_outputs = num_outputs
         self.elementwise = elementwise
         self.collective = collective
         self.stateful = stateful      # reads or writes variable state: never merged or dropped
         self.view = view              # output may alias its first input's buffer
-        self.alias_input = 0 if view else None   # the input whose buffer the output shares
-        self.inplace: dict[int, int] = {}        # output -> input a kernel updates in place
+        # the input whose buffer the output shares (a view's first input by default)
+        self.alias_input = alias_input if alias_input is not None else 0 if view else None
+        # output -> input a kernel updates in place: a dict, or params -> dict
+        self.inplace = inplace if inplace is not None else {}
         self.differentiable = differentiable
         self.ufunc = ufunc            # numpy/cupy ufunc name: lets the lowering pass out=
         self.accumulates = False      # float16/bfloat16 operands run the impl in float32
+        self.cost_kind = cost_kind    # one of COST_KINDS: how the simulator prices it
+        # may constant folding (passes/simplify.py) run it at compile time when its inputs
+        # are known? Never for state or collectives; ops that say so themselves (a value
+        # that only exists after replication, or an op that makes a constant) opt out
+        self.foldable = (not stateful and not collective) if foldable is None else foldable
+        # the per-variable update this multi-tensor op fuses (ops/optim.py MultiTensor)
+        self.multi_tensor = multi_tensor
+        # queues work on its devices' streams and orders them itself: the lowering adds
+        # no events around it (runtime/streams.py)
+        self.orders_own_streams = orders_own_streams
+        # its first input is the variable's old state, read for order only: the op replaces
+        # it (assign_var), so liveness does not count that read as a use of its buffer
+        self.overwrites_state = overwrites_state
         self.shape_rule = None
         self.impl = None
         self.out_impl = None          # impl(xp, out, *ins, **params) writing into `out`
@@ -62,13 +97,21 @@ class Op:
         return f"Op({self.name!r})"
 
     def __eq__(self, other) -> bool:
-        return self is other or (isinstance(other, str) and other == self.name)
+        """Identity only: `eqn.op == "reshape"` is False for every op, so graph code compares
+        op objects or flags (a name string compared here would be a typo waiting to happen)."""
+        return self is other
 
     def __hash__(self) -> int:
         return hash(self.name)
 
     def def_shape(self, fn):
         self.shape_rule = fn
+        return fn
+
+    def def_inplace(self, fn):
+        """Register params -> {output: input} for an op whose in-place pairs depend on its
+        params (a multi-tensor update over n variables)."""
+        self.inplace = fn
         return fn
 
     def def_impl(self, fn):

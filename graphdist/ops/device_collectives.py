@@ -17,8 +17,7 @@ from graphdist.ops.host_collectives import host_all_reduce_p
 # inputs: one flat buffer per replica; outputs: one result per replica, each on its device.
 # params: op ("sum" | "mean") and devices (the replicas' devices, whose streams it uses)
 nccl_all_reduce_p = Op("nccl_all_reduce", collective=True, num_outputs=None,
-                       differentiable=False)
-nccl_all_reduce_p.orders_own_streams = True
+                       differentiable=False, orders_own_streams=True)
 nccl_all_reduce_p.def_shape(lambda *xs, op, devices: reduce_types("nccl_all_reduce", xs, op))
 # the reference (and any host run): the sum in device order, as host_all_reduce's
 nccl_all_reduce_p.def_impl(lambda xp, *xs, op, devices: host_all_reduce_p.impl(xp, *xs, op=op))

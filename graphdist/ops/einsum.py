@@ -87,7 +87,7 @@ def label_sizes(subscripts: str, tys) -> dict[str, int]:
     return {c: d for c, (_, d) in sizes.items()}
 
 
-einsum_p = Op("einsum")
+einsum_p = Op("einsum", cost_kind="matmul")
 
 
 @einsum_p.def_shape

@@ -152,7 +152,7 @@ def _update_parts(params: dict):
     """(multi-update op, per-tensor inputs kept (all but the gradient), inputs per replica)."""
     from graphdist.ops.core import OPS
 
-    multi = OPS[params["update"]].multi
+    multi = OPS[params["update"]].multi_tensor
     kept = multi.k - 1
     return multi, kept, params["n"] * kept + multi.shared
 

@@ -31,8 +31,9 @@ def _binary(name: str, ufunc: str) -> Op:
     return op
 
 
-def _unary(name: str, ufunc: str | None = None, floats_only: bool = True) -> Op:
-    op = Op(name, elementwise=True, ufunc=ufunc)
+def _unary(name: str, ufunc: str | None = None, floats_only: bool = True,
+           differentiable: bool = True) -> Op:
+    op = Op(name, elementwise=True, ufunc=ufunc, differentiable=differentiable)
 
     @op.def_shape
     def _shape(x):
@@ -136,8 +137,7 @@ square_p.def_vjp(lambda ct, x: (multiply(ct, multiply(x, 2)),))
 abs_p = _unary("abs", "abs", floats_only=False)
 abs_p.def_vjp(lambda ct, x: (multiply(ct, sign(x)),))
 
-sign_p = _unary("sign", "sign", floats_only=False)
-sign_p.differentiable = False
+sign_p = _unary("sign", "sign", floats_only=False, differentiable=False)
 
 sigmoid_p = _unary("sigmoid")
 
@@ -226,7 +226,7 @@ def _where_vjp(ct, c, x, y):
 
 
 def _reduce(name: str, fn: str, floats_only=False) -> Op:
-    op = Op(name)
+    op = Op(name, cost_kind="reduce")
 
     @op.def_shape
     def _shape(x, *, axis, keepdims):
@@ -379,7 +379,7 @@ def _clip_vjp(ct, x, lo, hi):
 
 # ---------------------------------------------------------------- matmul
 
-matmul_p = Op("matmul", ufunc="matmul")
+matmul_p = Op("matmul", ufunc="matmul", cost_kind="matmul")
 
 
 @matmul_p.def_shape

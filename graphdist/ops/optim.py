@@ -63,7 +63,9 @@ hyper_p.def_cost(lambda ins, outs, **_: (0, 2 * outs[0].nbytes))
 
 
 # ---------------------------------------------------------------- per-variable updates
-sgd_p = Op("sgd_update", differentiable=False)   # p' = p - lr * (g + wd * p); SGDHyper
+# p' = p - lr * (g + wd * p); SGDHyper. The fused kernels (runtime/kernel_table.py) update
+# the inputs `inplace` names: output -> input
+sgd_p = Op("sgd_update", differentiable=False, inplace={0: 0})
 
 
 @sgd_p.def_shape
@@ -84,7 +86,7 @@ def _sgd_impl(xp, p, g, hyper):
 # accumulating in order; the rest of p is untouched, as the dense update of the scattered
 # gradient leaves it (p - lr * 0). With weight decay every row changes: the update is then
 # the dense one of the scattered gradient. An SGDHyper vector, as sgd_update's.
-sparse_sgd_p = Op("sparse_sgd_update", differentiable=False)
+sparse_sgd_p = Op("sparse_sgd_update", differentiable=False, inplace={0: 0})
 
 
 @sparse_sgd_p.def_shape
@@ -117,7 +119,8 @@ sparse_sgd_p.def_cost(lambda ins, outs, **_: (2 * ins[2].size, 3 * ins[2].nbytes
 
 # a MomentumHyper vector. momentum 0 (assigned after construction) is plain SGD and leaves
 # the buffer as it is, as the kernels do
-momentum_p = Op("sgd_momentum_update", num_outputs=2, differentiable=False)
+momentum_p = Op("sgd_momentum_update", num_outputs=2, differentiable=False,
+                inplace={0: 0, 1: 1})
 
 
 @momentum_p.def_shape
@@ -137,7 +140,8 @@ def _momentum_impl(xp, p, m, g, hyper, *, nesterov):
 
 # an AdamHyper vector: [lr_t, beta_1, beta_2, epsilon] (Adam) or [..., lr * weight_decay]
 # (AdamW), with the bias-corrected lr_t = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
-adam_p = Op("adam_update", num_outputs=3, differentiable=False)
+adam_p = Op("adam_update", num_outputs=3, differentiable=False,
+            inplace={0: 0, 1: 1, 2: 2})
 
 
 @adam_p.def_shape
@@ -155,13 +159,6 @@ def _adam_impl(xp, p, m, v, g, hyper):
     return formulas.adam(p, m, v, g, *formulas.adam_scalars(_host(hyper), p))
 
 
-# the fused kernels (runtime/kernel_table.py) update these inputs in place: output -> input
-sgd_p.inplace = {0: 0}
-sparse_sgd_p.inplace = {0: 0}
-momentum_p.inplace = {0: 0, 1: 1}
-adam_p.inplace = {0: 0, 1: 1, 2: 2}
-
-
 # ---------------------------------------------------------------- multi-tensor forms
 # made by passes/fuse.py: one eqn updates every variable of a device. Inputs are grouped per
 # variable (p0 m0 v0 g0 p1 m1 v1 g1 ...) followed by the shared hyper vector; outputs
@@ -176,12 +173,10 @@ class MultiTensor:
         self.shared = shared_inputs
         self.outs = single.num_outputs
         self.op = Op(f"{single.name.removesuffix('_update')}_multi_update", num_outputs=None,
-                     differentiable=False)
-        self.op.multi = self
+                     differentiable=False, multi_tensor=self, inplace=self._inplace)
         self.op.def_shape(self._shape)
         self.op.def_impl(self._impl)
         self.op.def_cost(self._cost)
-        self.op.inplace = self._inplace
 
     def groups(self, ins, n: int):
         shared = tuple(ins[n * self.k:])

@@ -38,7 +38,7 @@ def _pool_params(op_name, x, ksize, strides, padding):
             "padding": padding.upper() if isinstance(padding, str) else padding}
 
 
-max_pool2d_p = Op("max_pool2d")
+max_pool2d_p = Op("max_pool2d", cost_kind="reduce")
 max_pool2d_p.def_shape(lambda x, **p: _pool_shape("max_pool2d", x, **p))
 
 
@@ -73,7 +73,7 @@ def _first_max_cost(ins, outs, *, ksize, **_):
 
 
 # TF's MaxPoolGrad(orig_input, orig_output, grad): each window's gradient to its first max
-max_pool2d_grad_p = Op("max_pool2d_grad")
+max_pool2d_grad_p = Op("max_pool2d_grad", cost_kind="reduce")
 
 
 @max_pool2d_grad_p.def_shape
@@ -104,7 +104,7 @@ max_pool2d_grad_p.def_batch(
 max_pool2d_grad_p.def_cost(_first_max_cost)
 
 # TF's MaxPoolGradGrad: g (shaped like x) read at each window's first max
-max_pool2d_grad_grad_p = Op("max_pool2d_grad_grad")
+max_pool2d_grad_grad_p = Op("max_pool2d_grad_grad", cost_kind="reduce")
 
 
 @max_pool2d_grad_grad_p.def_shape

@@ -151,7 +151,8 @@ def softmax_ref(xp, x, mask=None):
     return e / xp.where(total > 0, total, 1).astype(x.dtype)
 
 
-softmax_p = Op("softmax")       # logits[, bool mask] -> probabilities over the last axis
+# logits[, bool mask] -> probabilities over the last axis
+softmax_p = Op("softmax", cost_kind="reduce")
 
 
 @softmax_p.def_shape
@@ -180,7 +181,7 @@ softmax_p.def_batch(lambda bx, x, *mask: (
 
 # y (g - sum(g y)) over the last axis: the gradient g of softmax's output y taken back to its
 # logits
-softmax_grad_p = Op("softmax_grad")
+softmax_grad_p = Op("softmax_grad", cost_kind="reduce")
 
 
 @softmax_grad_p.def_shape

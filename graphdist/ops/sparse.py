@@ -192,7 +192,8 @@ def _add_at(xp, out, indices, rows) -> None:
 
 # ---------------------------------------------------------------- merging duplicate rows
 
-sum_duplicates_p = Op("sum_duplicates", num_outputs=2, differentiable=False)
+sum_duplicates_p = Op("sum_duplicates", num_outputs=2, differentiable=False,
+                      cost_kind="reduce")
 
 
 @sum_duplicates_p.def_shape

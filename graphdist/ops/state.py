@@ -16,13 +16,14 @@ def _same(op_name: str, state: ArrayType, value: ArrayType, var) -> ArrayType:
     return state
 
 
-read_p = Op("read_var", view=True, stateful=True)   # aliases the state: no copy
+# aliases the state: no copy. Gradients stop at reads; tapes collect them per variable
+read_p = Op("read_var", view=True, stateful=True, differentiable=False)
 read_p.def_shape(lambda state, *, var: state)
 read_p.def_impl(lambda xp, state, *, var: state)
-read_p.differentiable = False   # gradients stop at reads; tapes collect them per variable
 
-assign_p = Op("assign_var", stateful=True, differentiable=False)
-assign_p.alias_input = 1   # the new state is the value; lowering copies it into storage
+# the new state is the value (alias_input=1); lowering copies it into storage
+assign_p = Op("assign_var", stateful=True, differentiable=False, alias_input=1,
+              overwrites_state=True)
 assign_p.def_shape(lambda state, value, *, var: _same("assign", state, value, var))
 assign_p.def_impl(lambda xp, state, value, *, var: value)
 assign_p.def_cost(lambda ins, outs, **_: (0, 2 * outs[0].nbytes))

@@ -5,6 +5,7 @@ tanh(x)...) with the forward pass's."""
 from __future__ import annotations
 
 from graphdist.ir import Graph, Lit
+from graphdist.ops.state import assign_p
 from graphdist.passes.core import substitute
 
 
@@ -19,7 +20,7 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
     seen: dict = {}
     kept = []
     for eqn in g.eqns:
-        if eqn.op == "assign_var":
+        if eqn.op is assign_p:
             kept.append(eqn)
             continue
         key = (eqn.op.name, tuple(_key_of(v, mapping) for v in eqn.inputs), eqn.params,

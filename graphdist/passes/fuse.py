@@ -15,10 +15,14 @@ from dataclasses import replace
 
 from graphdist.ir import Eqn, Graph, Lit, Var
 from graphdist.ops import OPS
+from graphdist.ops.array import reshape_p, split_p
+from graphdist.ops.host_collectives import host_all_reduce_p, host_reduce_update_p
 
 
 def _multi_forms() -> dict:
-    return {op.multi.single.name: op.multi for op in OPS.values() if hasattr(op, "multi")}
+    """Per-variable update op -> its multi-tensor form (ops/optim.py MultiTensor)."""
+    return {op.multi_tensor.single: op.multi_tensor for op in OPS.values()
+            if op.multi_tensor is not None}
 
 
 def _key(eqn, multi):
@@ -37,7 +41,7 @@ def fuse_optimizer(g: Graph) -> Graph:
     depth: dict = {}
     for i, eqn in enumerate(g.eqns):
         d = max((depth.get(v, 0) for v in eqn.inputs if isinstance(v, Var)), default=0)
-        multi = forms.get(eqn.op.name)
+        multi = forms.get(eqn.op)
         if multi is not None:
             groups.setdefault((_key(eqn, multi), d), []).append(i)
             d += 1
@@ -49,7 +53,7 @@ def fuse_optimizer(g: Graph) -> Graph:
     replaced: dict = {}
     for idx in groups:
         members = [g.eqns[i] for i in idx]
-        multi = forms[members[0].op.name]
+        multi = forms[members[0].op]
         ins = tuple(v for e in members for v in e.inputs[:multi.k]) + members[0].inputs[multi.k:]
         outs = tuple(v for e in members for v in e.outputs)
         fused = Eqn(multi.op, ins, outs, tuple(sorted(dict(members[0].params, n=len(members))
@@ -103,7 +107,7 @@ def fuse_reduce_update(g: Graph) -> Graph:
     outputs = {v for v in g.outputs if isinstance(v, Var)}
     replaced: dict = {}
     for i, eqn in enumerate(g.eqns):
-        if eqn.op.name != "host_all_reduce":
+        if eqn.op is not host_all_reduce_p:
             continue
         plan = _reduce_update_plan(g, eqn, users, outputs)
         if plan is None:
@@ -138,11 +142,11 @@ def _reduce_update_plan(g: Graph, reduce_eqn, users: dict, outputs: set):
                 return None
             for k in users.get(v, ()):
                 e = g.eqns[k]
-                multi = getattr(e.op, "multi", None)
-                if e.op.name == "reshape":
+                multi = e.op.multi_tensor
+                if e.op is reshape_p:
                     dead.add(k)
                     stack.append((e.outputs[0], offset))
-                elif e.op.name == "split" and dict(e.params)["axis"] == 0:
+                elif e.op is split_p and dict(e.params)["axis"] == 0:
                     dead.add(k)
                     row = v.ty.size // max(v.ty.shape[0], 1) if v.ty.ndim else 1
                     start = offset
@@ -182,7 +186,7 @@ MAX_TENSORS_PER_NODE = 16
 def _fused(reduce_eqn, updates: list, offsets: tuple) -> list:
     """The host_reduce_update nodes replacing `reduce_eqn` and `updates`: one, or one per
     group of tensors when replicas x tensors exceed MAX_TENSORS_PER_NODE."""
-    multi = updates[0].op.multi
+    multi = updates[0].op.multi_tensor
     n = dict(updates[0].params)["n"]
     per_node = max(1, MAX_TENSORS_PER_NODE // len(updates))
     nodes = []
@@ -199,7 +203,7 @@ def _fused(reduce_eqn, updates: list, offsets: tuple) -> list:
         params = dict(updates[0].params, update=updates[0].op.name, n=len(js),
                       offsets=tuple(offsets[j] for j in js),
                       reduce=dict(reduce_eqn.params)["op"], replicas=len(updates))
-        nodes.append(Eqn(OPS["host_reduce_update"], tuple(ins), tuple(outs),
+        nodes.append(Eqn(host_reduce_update_p, tuple(ins), tuple(outs),
                          tuple(sorted(params.items())), device=reduce_eqn.device,
                          scope=updates[0].scope, source=updates[0].source))
     return nodes
@@ -213,16 +217,16 @@ def _split_updates_by_bucket(g: Graph) -> Graph:
     def bucket_of(v):
         while isinstance(v, Var) and v in producer:
             e = g.eqns[producer[v]]
-            if e.op.name == "host_all_reduce":
+            if e.op is host_all_reduce_p:
                 return producer[v]
-            if e.op.name not in ("reshape", "split"):
+            if e.op is not reshape_p and e.op is not split_p:
                 return None
             v = e.inputs[0]
         return None
 
     replaced: dict = {}
     for i, eqn in enumerate(g.eqns):
-        multi = getattr(eqn.op, "multi", None)
+        multi = eqn.op.multi_tensor
         if multi is None:
             continue
         n = dict(eqn.params)["n"]

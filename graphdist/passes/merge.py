@@ -31,8 +31,11 @@ from dataclasses import replace
 import numpy as np
 
 from graphdist.ir import ArrayType, Graph, Lit, Replication, Var
-from graphdist.ops import OPS
-from graphdist.ops.array import Const
+from graphdist.ops.array import (Const, broadcast_p as broadcast_to_p, concat_p, constant_p,
+                                 getitem_p, reshape_p, transpose_p)
+from graphdist.ops.collectives import all_reduce_p, broadcast_p, replica_id_p
+from graphdist.ops.math import div_p, matmul_p, mul_p, sum_p
+from graphdist.ops.state import assign_p, read_p
 from graphdist.ops.core import normalize_axis
 from graphdist.ir.builder import Builder
 from graphdist.passes.cse import eliminate_common_subexpressions
@@ -81,23 +84,23 @@ class Batcher:
         shape = self.logical(v).shape
         if len(shape) >= rank:
             return v
-        return self.add1(OPS["reshape"], v, shape=(self.n,) + (1,) * (rank - len(shape)) + shape)
+        return self.add1(reshape_p, v, shape=(self.n,) + (1,) * (rank - len(shape)) + shape)
 
     def stacked(self, v):
         """A shared value as a batched one (every replica's copy: a broadcast view)."""
         if self.batched(v):
             return v
-        return self.add1(OPS["broadcast_to"], v, shape=(self.n,) + v.ty.shape, batched=True)
+        return self.add1(broadcast_to_p, v, shape=(self.n,) + v.ty.shape, batched=True)
 
     def stack(self, parts: list, hint: str | None = None) -> Var:
         """One value per replica -> one batched value."""
-        rows = [self.add1(OPS["reshape"], p, shape=(1,) + p.ty.shape, batched=False)
+        rows = [self.add1(reshape_p, p, shape=(1,) + p.ty.shape, batched=False)
                 for p in parts]
-        return self.add1(OPS["concat"], *rows, axis=0, batched=True, hint=hint)
+        return self.add1(concat_p, *rows, axis=0, batched=True, hint=hint)
 
     def replica(self, v, k: int):
         """Replica k's part of a batched value (a view)."""
-        return self.add1(OPS["getitem"], v, index=(k,), batched=False)
+        return self.add1(getitem_p, v, index=(k,), batched=False)
 
     def per_replica(self, op, ins, params) -> tuple:
         """The rule of last resort: run the op once per replica on slices, then stack."""
@@ -148,7 +151,7 @@ class _Merge:
             variables += [var] * len(mine)
             components += list(ks)
             self.env[logical] = mine[0] if not var.on_read else bx.stack(
-                [bx.add1(OPS["read_var"], s, var=var, batched=False) for s in mine])
+                [bx.add1(read_p, s, var=var, batched=False) for s in mine])
         for eqn in g.eqns:
             start = len(bx.builder.eqns)
             outs = self.merge_eqn(eqn, [self.env.get(v, v) if isinstance(v, Var) else v
@@ -186,14 +189,14 @@ class _Merge:
         bx, op, params = self.bx, eqn.op, dict(eqn.params)
         if op.collective:
             return (self.collective(eqn, ins[0]),)
-        if op == "replica_id":
-            return bx.add(OPS["constant"], batched=True,
+        if op is replica_id_p:
+            return bx.add(constant_p, batched=True,
                           value=Const(np.arange(self.n, dtype=np.int32)))
         if not any(bx.batched(v) for v in ins):
             return bx.add(op, *ins, batched=False, **params)
-        if op == "read_var":        # a sync-on-read variable: its stacked components
+        if op is read_p:        # a sync-on-read variable: its stacked components
             return (ins[0],)
-        if op == "assign_var":
+        if op is assign_p:
             if not dict(eqn.params)["var"].on_read:
                 raise CannotMerge(f"mirrored variable '{dict(eqn.params)['var'].name}' "
                                   "would take per-replica values")
@@ -210,9 +213,9 @@ class _Merge:
     # ------------------------------------------------------------ collectives
     def collective(self, eqn, x):
         bx, params = self.bx, dict(eqn.params)
-        if eqn.op == "broadcast":
+        if eqn.op is broadcast_p:
             return bx.replica(x, params["source"]) if bx.batched(x) else x
-        if eqn.op != "all_reduce":
+        if eqn.op is not all_reduce_p:
             raise CannotMerge(f"no merged form of collective '{eqn.op}'")
         if x.ty.dtype == np.dtype(bool):
             raise CannotMerge("all_reduce of a bool value")
@@ -220,7 +223,7 @@ class _Merge:
             return x
         total = self.replica_sum(eqn.inputs[0])
         if params["op"] == "mean":
-            total = bx.add1(OPS["div"], total, _lit(self.n, total.ty.dtype))
+            total = bx.add1(div_p, total, _lit(self.n, total.ty.dtype))
         return total
 
     def replica_sum(self, v):
@@ -228,28 +231,28 @@ class _Merge:
         it so the sum lands where it is cheapest (see the module docstring)."""
         bx = self.bx
         if not isinstance(v, Var):
-            return bx.add1(OPS["mul"], v, _lit(self.n, v.ty.dtype))
+            return bx.add1(mul_p, v, _lit(self.n, v.ty.dtype))
         merged = self.env[v]
         if not bx.batched(merged):
-            return bx.add1(OPS["mul"], merged, _lit(self.n, merged.ty.dtype))
+            return bx.add1(mul_p, merged, _lit(self.n, merged.ty.dtype))
         made = self.producer.get(v)
-        if made is not None and made.op == "concat":
+        if made is not None and made.op is concat_p:
             parts = [self.replica_sum(x) for x in made.inputs]
-            return bx.add1(OPS["concat"], *parts, **dict(made.params))
-        if made is not None and made.op == "reshape":
-            return bx.add1(OPS["reshape"], self.replica_sum(made.inputs[0]), shape=v.ty.shape)
-        if made is not None and made.op == "reduce_sum" and not dict(made.params)["keepdims"]:
+            return bx.add1(concat_p, *parts, **dict(made.params))
+        if made is not None and made.op is reshape_p:
+            return bx.add1(reshape_p, self.replica_sum(made.inputs[0]), shape=v.ty.shape)
+        if made is not None and made.op is sum_p and not dict(made.params)["keepdims"]:
             x = self.env[made.inputs[0]]
             if bx.batched(x):
                 axes = normalize_axis("reduce_sum", dict(made.params)["axis"],
                                       made.inputs[0].ty.ndim)
-                return bx.add1(OPS["reduce_sum"], x, axis=(0,) + tuple(a + 1 for a in axes),
+                return bx.add1(sum_p, x, axis=(0,) + tuple(a + 1 for a in axes),
                                keepdims=False, batched=False)
-        if made is not None and made.op == "matmul":
+        if made is not None and made.op is matmul_p:
             gemm = self.contracted_gemm(made)
             if gemm is not None:
                 return gemm
-        return bx.add1(OPS["reduce_sum"], merged, axis=(0,), keepdims=False, batched=False)
+        return bx.add1(sum_p, merged, axis=(0,), keepdims=False, batched=False)
 
     def contracted_gemm(self, made):
         """sum_k transpose(x_k) @ y_k over replicas k, for per-replica matrices x_k (b, i)
@@ -257,17 +260,17 @@ class _Merge:
         bx = self.bx
         a, b = made.inputs
         t = self.producer.get(a)
-        if (t is None or t.op != "transpose" or dict(t.params)["perm"] not in ((1, 0), None)
+        if (t is None or t.op is not transpose_p or dict(t.params)["perm"] not in ((1, 0), None)
                 or not isinstance(b, Var) or a.ty.ndim != 2 or b.ty.ndim != 2):
             return None
         x, y = self.env[t.inputs[0]], self.env[b]
         if not (bx.batched(x) and bx.batched(y)):
             return None
         rows = self.n * t.inputs[0].ty.shape[0]
-        xs = bx.add1(OPS["reshape"], x, shape=(rows, t.inputs[0].ty.shape[1]), batched=False)
-        ys = bx.add1(OPS["reshape"], y, shape=(rows, b.ty.shape[1]), batched=False)
-        xt = bx.add1(OPS["transpose"], xs, perm=(1, 0))
-        return bx.add1(OPS["matmul"], xt, ys)
+        xs = bx.add1(reshape_p, x, shape=(rows, t.inputs[0].ty.shape[1]), batched=False)
+        ys = bx.add1(reshape_p, y, shape=(rows, b.ty.shape[1]), batched=False)
+        xt = bx.add1(transpose_p, xs, perm=(1, 0))
+        return bx.add1(matmul_p, xt, ys)
 
 
 def _lit(value, dtype) -> Lit:

@@ -11,6 +11,7 @@ from graphdist.errors import GraphError, ShapeError
 from graphdist.ir import COLLECTIVES_SCOPE, ArrayType, Eqn, Graph, Lit, Replication, Var
 from graphdist.ir.printer import Namer
 from graphdist.ir.builder import Builder
+from graphdist.ops.collectives import replica_id_p
 
 
 def _segments(g: Graph):
@@ -79,7 +80,7 @@ def _mapped(mapping: dict, v):
 
 def _clone_eqn(b: Builder, d: int, eqn, mapping: dict, namer: Namer, devices,
                first: int = 0) -> None:
-    if eqn.op == "replica_id":
+    if eqn.op is replica_id_p:
         mapping[eqn.outputs[0]] = Lit(np.int32(first + d), ArrayType((), np.dtype("int32")))
         return
     ins = [_mapped(mapping, v) for v in eqn.inputs]

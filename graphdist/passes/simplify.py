@@ -9,18 +9,24 @@ from dataclasses import replace
 import numpy as np
 
 from graphdist.ir import ArrayType, Graph, Lit, Var, evaluate
-from graphdist.ops import OPS
+from graphdist.ops import array
 from graphdist.ops.array import Const
 from graphdist.passes.core import substitute
 
 FOLD_MAX_ELEMENTS = 1024
 
 
+# ops that are the identity when their result's type is their operand's (a transpose: when
+# its perm is too)
+_IDENTITY_WHEN_SAME_TYPE = (array.reshape_p, array.broadcast_p, array.transpose_p,
+                            array.cast_p, array.stop_gradient_p)
+
+
 def _identity(eqn) -> bool:
-    if eqn.op.name in ("reshape", "broadcast_to", "transpose", "cast", "stop_gradient"):
+    if eqn.op in _IDENTITY_WHEN_SAME_TYPE:
         (x,) = eqn.inputs
         return isinstance(x, Var) and x.ty == eqn.outputs[0].ty and (
-            eqn.op.name != "transpose" or dict(eqn.params)["perm"] in (
+            eqn.op is not array.transpose_p or dict(eqn.params)["perm"] in (
                 None if x.ty.ndim < 2 else (), tuple(range(x.ty.ndim))))
     return False
 
@@ -38,8 +44,7 @@ def simplify(g: Graph) -> Graph:
 
     for eqn in g.eqns:
         op = eqn.op
-        foldable = (not op.stateful and not op.collective and op.name not in ("constant",)
-                    and op.name != "replica_id" and op.name != "shape"
+        foldable = (op.foldable
                     and all(t.size <= FOLD_MAX_ELEMENTS for t in (v.ty for v in eqn.outputs)))
         values = [value_of(v) for v in eqn.inputs] if foldable else None
         if foldable and all(x is not None for x in values):
@@ -51,7 +56,7 @@ def simplify(g: Graph) -> Graph:
             mapping[eqn.outputs[0]] = mapping.get(eqn.inputs[0], eqn.inputs[0])
             changed = True
             continue
-        if op.name == "constant":
+        if op is array.constant_p:
             consts[eqn.outputs[0]] = dict(eqn.params)["value"].value
         kept.append(eqn)
     if not changed:
@@ -80,5 +85,5 @@ def _fold(eqn, value_of) -> tuple:
 def _constant_eqn(v: Var, x: np.ndarray):
     from graphdist.ir import Eqn
 
-    return Eqn(OPS["constant"], (), (v,), (("value", Const(np.ascontiguousarray(x))),),
+    return Eqn(array.constant_p, (), (v,), (("value", Const(np.ascontiguousarray(x))),),
                device=v.device)

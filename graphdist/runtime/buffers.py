@@ -15,6 +15,8 @@ from graphdist.device.backends import Backend, backend_for
 from graphdist.ir import Graph, Var
 from graphdist.ir.liveness import Liveness, liveness
 from graphdist.ir.types import LOW_PRECISION
+from graphdist.ops.array import concat_p, constant_p, reshape_p, stop_gradient_p
+from graphdist.ops.state import assign_p, read_p
 from graphdist.runtime import kernel_table
 
 # a single output this big gets an arena buffer reused after its last use; smaller ones are
@@ -22,7 +24,7 @@ from graphdist.runtime import kernel_table
 ARENA_MIN_BYTES = 16 * 1024
 
 # ops whose output is their input's array under another name, in the generated code too
-NAME_ALIASES = ("read_var", "assign_var", "stop_gradient")
+NAME_ALIASES = (read_p, assign_p, stop_gradient_p)
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,9 +148,9 @@ class _Planner:
     # ------------------------------------------------------------ forms
     def form(self, eqn) -> EqnForm:
         op = eqn.op
-        if op == "constant":
+        if op is constant_p:
             return EqnForm("constant")
-        if op.alias_input is not None and op.name in NAME_ALIASES:
+        if op.alias_input is not None and op in NAME_ALIASES:
             return EqnForm("alias")
         if eqn in self.packed:
             return EqnForm("packed")
@@ -302,7 +304,7 @@ class _Planner:
         the concat's buffer, so the concat copies nothing for it."""
         producer = {v: e for e in self.g.eqns for v in e.outputs}
         for i, eqn in enumerate(self.g.eqns):
-            out = eqn.outputs[0] if eqn.op == "concat" else None
+            out = eqn.outputs[0] if eqn.op is concat_p else None
             if out is None or out.ty.ndim != 1 or out.ty.nbytes < ARENA_MIN_BYTES:
                 continue
             buffer = Buffer(out.ty.shape, out.ty.dtype, eqn.device)
@@ -319,7 +321,7 @@ class _Planner:
         """The value `v` flattens, if it can be computed in place in concat eqn i: v is
         reshape(x), x dies at the concat, and x's op writes into a given buffer."""
         made = producer.get(v)
-        if made is None or made.op != "reshape" or not isinstance(made.inputs[0], Var):
+        if made is None or made.op is not reshape_p or not isinstance(made.inputs[0], Var):
             return None
         x = made.inputs[0]
         maker = producer.get(x)

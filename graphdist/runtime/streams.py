@@ -60,7 +60,7 @@ class StreamOrder:
     def before(self, eqn) -> None:
         device = self.placed(eqn.device)
         self.enter(device)
-        if getattr(eqn.op, "orders_own_streams", False):
+        if eqn.op.orders_own_streams:
             return     # it queues each device's part on that device's stream, and waits itself
         writers = {self.device_of(v) for v in eqn.inputs if isinstance(v, Var)}
         writers |= {v.device for v in eqn.outputs if v.device}   # buffers it writes elsewhere
@@ -70,7 +70,7 @@ class StreamOrder:
 
     def after(self, eqn) -> None:
         device = self.placed(eqn.device)
-        own = getattr(eqn.op, "orders_own_streams", False)
+        own = eqn.op.orders_own_streams
         for v in eqn.outputs:
             self.made_on[v] = v.device if own and v.device else device
         queued_on = {self.made_on[v] for v in eqn.outputs} | {device}

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from graphdist.ir import COLLECTIVES_SCOPE, Graph, Var
 from graphdist.ir.printer import Namer, param_text
+from graphdist.ops.collectives import copy_p
 
 KINDS = ("arg", "state", "op", "collective", "copy")
 
@@ -56,7 +57,7 @@ class View:
 
 
 def kind_of(eqn) -> str:
-    if eqn.op == "copy_to":
+    if eqn.op is copy_p:
         return "copy"
     if getattr(eqn.op, "collective", False) or eqn.scope == COLLECTIVES_SCOPE \
             or eqn.scope.endswith("/" + COLLECTIVES_SCOPE):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from graphdist.ir import Graph, Var
+from graphdist.ops.collectives import all_reduce_p, broadcast_p
 from graphdist.viz.model import (collective_groups, collective_totals, human_bytes,
                                   human_count, read)
 
@@ -56,8 +57,9 @@ def _types_text(types) -> str:
 
 
 def _describe(g: Graph, nodes) -> dict:
-    main = [n for n in nodes if n.kind == "copy" or n.spanning or n.op in
-            ("all_reduce", "broadcast")] or nodes
+    # a view's node names its op (Node.op): the logical N-way collectives are the main ones
+    logical = (all_reduce_p.name, broadcast_p.name)
+    main = [n for n in nodes if n.kind == "copy" or n.spanning or n.op in logical] or nodes
     counts = Counter(n.op for n in nodes)
     first = max(main, key=lambda n: sum(t.nbytes for t in n.types))
     # the op and, when short, its parameters (a fused update's hyper-parameters are not)
