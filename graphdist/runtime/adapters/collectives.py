@@ -20,9 +20,9 @@ PARALLEL_MIN_BYTES = 1 << 20
 def host_all_reduce_cpu(outs, *xs, op):
     """outs[k] = reduce(xs) for every replica k, in one parallel pass (outs[k] may be xs[k])."""
     if sum(x.nbytes for x in xs) < PARALLEL_MIN_BYTES:
-        from graphdist.ops import OPS
+        from graphdist.ops.host_collectives import host_all_reduce_p
 
-        OPS["host_all_reduce"].out_impl(np, outs, *xs, op=op)
+        host_all_reduce_p.out_impl(np, outs, *xs, op=op)
         return
     import numba
 
