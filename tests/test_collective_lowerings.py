@@ -124,13 +124,15 @@ def test_shards_are_contiguous_near_equal_chunks_the_first_ones_larger_padded():
 # ---------------------------------------------------------------- the real path, CPU
 
 
-def _step(strategy, n):
-    """A gd.function running all four collectives (both reductions) on every value."""
+def _step(strategy, n, computed: bool = False):
+    """A gd.function running all four collectives (both reductions) on every value (with
+    `computed`, on a value the step computes rather than its argument)."""
     @gd.function
     def step(xs):
         def replica_fn(*vs):
             out = []
             for v in vs:
+                v = v * 1.0 if computed else v
                 size = math.prod(v.shape)
                 for op in REDUCE_OPS:
                     shard = reduce_scatter(v, op, n)
@@ -205,6 +207,66 @@ def test_host_lowers_each_collective_to_one_fused_node():
     assert names.count("host_all_reduce") == 2 and "copy_to" in names     # broadcast: copies
     (rs, _) = [e for e in step.replicated_graph.eqns if e.op.name == "host_reduce_scatter"]
     assert [v.ty.shape for v in rs.outputs] == [(4,)] * 3         # chunks of 4, 3, 3
+
+
+@pytest.mark.parametrize("name", ["host", "ring", "one_device"])
+def test_threads_mode_runs_every_collective(name, monkeypatch):
+    """One thread per device: the fused host nodes and the copies cross threads. (On
+    computed values: a collective reading the step's argument itself waits forever in
+    threads mode, a runtime bug older than these collectives, all_reduce included.)"""
+    from graphdist import config
+
+    monkeypatch.setattr(config, "device_concurrency", lambda: "threads")
+    n = 3
+    make, ref = CPU_LOWERINGS[name]
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(n)], cross_device_ops=make())
+    vals = [np.arange(7, dtype=np.float64) * (r + 1) for r in range(n)]
+    x = strategy.experimental_distribute_values_from_function(
+        lambda ctx: vals[ctx.replica_id_in_sync_group])
+    step = _step(strategy, n, computed=True)
+    results = [_values(v, n) for v in step([x])]
+    assert step._latest().plan.mode == "threads"
+    total = ref(vals, "sum")
+    for d in range(n):
+        np.testing.assert_array_equal(results[1][d], _shards(total, n)[d])
+        np.testing.assert_array_equal(results[2][d], total)
+        np.testing.assert_array_equal(results[6][d], vals[n - 1])
+        np.testing.assert_array_equal(results[7][d], np.concatenate(vals))
+
+
+def test_merged_mode_runs_shards_as_per_device_copies(monkeypatch):
+    """The merged program has no batched form of reduce_scatter/all_gather: the step runs
+    as per-device copies instead (logged), with the same results."""
+    from graphdist import config
+
+    monkeypatch.setattr(config, "device_concurrency", lambda: "merged")
+    n = 3
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(n)],
+                                   cross_device_ops=cdo.HostAllReduce())
+    x = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.arange(5, dtype=np.float32) + ctx.replica_id_in_sync_group)
+    step = gd.function(lambda x: strategy.run(
+        lambda v: all_gather(reduce_scatter(v, "mean", n), n, total=5), args=(x,)))
+    np.testing.assert_array_equal(_values(step(x), n)[2], np.arange(5, dtype=np.float32) + 1)
+    assert step._latest().plan.mode != "merged"
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("size", [1, 5, 4099])
+def test_host_reduce_scatter_kernel_form_matches_its_reference(size, op):
+    """The out= form (what the runtime calls into planned buffers) writes each replica's
+    padded shard as the impl does, whatever the outputs held, inputs untouched."""
+    rng = np.random.default_rng(size)
+    xs = [rng.standard_normal(size).astype(np.float32) for _ in range(3)]
+    keep = [x.copy() for x in xs]
+    want = OPS["host_reduce_scatter"].impl(np, *xs, op=op)
+    outs = tuple(np.full(-(-size // 3), np.nan, np.float32) for _ in xs)
+    OPS["host_reduce_scatter"].out_impl(np, outs, *xs, op=op)
+    for out, w, s in zip(outs, want, _shards(ref_device_order(xs, op), 3)):
+        np.testing.assert_array_equal(out, w)
+        np.testing.assert_array_equal(w, s)
+    for x, k in zip(xs, keep):
+        np.testing.assert_array_equal(x, k)
 
 
 def test_ring_reduce_scatter_is_the_first_half_of_its_all_reduce():

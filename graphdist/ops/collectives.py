@@ -1,5 +1,5 @@
 """Cross-replica ops of the logical (one-replica, SPMD) graph. The replication pass joins
-each into one N-way node, which passes/collectives.py lowers into what runs (copies and
+each into one N-way node, which passes/collectives/ lowers into what runs (copies and
 adds, or one fused node) as the strategy's cross-device ops say; on a single replica they
 are the identity.
 

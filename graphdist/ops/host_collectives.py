@@ -1,7 +1,9 @@
 """Fused host collectives: one placed node that reads every replica's host buffer and writes
 every replica's result in one parallel pass (the CPU counterpart of an NCCL node). Made by
-the "host" lowering of an all_reduce (passes/collectives.py), never by user code. What runs
-them on CPU devices, a parallel Numba kernel, is in runtime/kernel_table.py.
+the "host" lowering of the collectives (passes/collectives/), never by user code. What
+runs host_all_reduce on CPU devices, a parallel Numba kernel, is in
+runtime/kernel_table.py; host_all_gather and host_reduce_scatter run their numpy out=
+forms.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Collectives across worker processes (MultiWorkerMirroredStrategy): one placed node per
 collective that reads this worker's replicas' buffers, works with the other workers through
 MPI, and writes every local replica's result. Made by the "mpi" lowering
-(passes/collectives.py). `group` is the process group (graphdist/device/mpi.py), held as a
+(passes/collectives/). `group` is the process group (graphdist/device/mpi.py), held as a
 parameter: these impls call its methods and import nothing of MPI.
 
 The sums are deterministic: this worker's replicas are added in replica order, then the
