@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from graphdist.ops.math import matmul_p
 from graphdist.passes.collectives import LOWERINGS, Pricing
 from graphdist.passes.collectives.costs import (  # noqa: F401  (the public formulas)
     all_gather_cost,
@@ -61,14 +62,10 @@ def shared_host_cost(lowering: str, n: int, nbytes: float, link, num_groups: int
                               Pricing(shared_host=True, add=add, num_groups=num_groups))
 
 
-_MATMUL = ("matmul", "conv", "einsum", "dot")
-
-
-def op_kind(name: str) -> str:
-    if any(k in name for k in _MATMUL):
-        return "matmul"
-    return "reduce" if name.startswith(("reduce", "sum", "mean", "softmax", "max")) \
-        else "elementwise"
+def op_kind(op) -> str:
+    """Which calibrated rate prices `op`: the cost kind it declares (ops/core.py
+    COST_KINDS), "matmul", "reduce" or "elementwise", not a guess from its name."""
+    return op.cost_kind
 
 
 def per_unit(model: dict, size: float | None) -> float:
@@ -87,7 +84,7 @@ def per_unit(model: dict, size: float | None) -> float:
 def _smallest_side(eqn) -> int | None:
     """min(M, K, N) of a 2-D matmul (batched: of its last two axes); None for others."""
     shapes = [v.ty.shape for v in eqn.inputs]
-    if eqn.op.name != "matmul" or len(shapes) != 2 or min(map(len, shapes)) < 2:
+    if eqn.op is not matmul_p or len(shapes) != 2 or min(map(len, shapes)) < 2:
         return None
     (m, k), n = shapes[0][-2:], shapes[1][-1]
     return min(m, k, n)
@@ -97,7 +94,7 @@ def eqn_seconds(eqn, cal: dict) -> float:
     """The calibrated model's time of one eqn: per-node overhead + a + work / rate."""
     flops, nbytes = eqn.op.cost([v.ty for v in eqn.inputs], [v.ty for v in eqn.outputs],
                                 dict(eqn.params))
-    kind = op_kind(eqn.op.name)
+    kind = op_kind(eqn.op)
     model = cal["ops"][kind]
     if kind == "matmul":
         return (cal["node_overhead_s"] + model["a"]

@@ -8,14 +8,16 @@ import numpy as np
 from graphdist.ir import ArrayType, Eqn, Lit, Var
 from graphdist.ir.builder import Builder
 from graphdist.ops import OPS
-from graphdist.ops.collectives import shard_length, shard_offsets, shard_sizes
+from graphdist.ops.array import concat_p, fill_p, getitem_p, reshape_p
+from graphdist.ops.collectives import copy_p, shard_length, shard_offsets, shard_sizes
+from graphdist.ops.math import add_p, div_p
 
 
 def finish_mean(b: Builder, total: Var, n: int, device: str, op: str) -> Var:
     """Mean = sum / n, divided (not multiplied by 1/n) as the reduce kernels do."""
     if op == "sum" or n == 1:
         return total
-    return b.add1(OPS["div"], [total, _lit(n, total)], device)
+    return b.add1(div_p, [total, _lit(n, total)], device)
 
 
 def _lit(value, like: Var):
@@ -25,12 +27,12 @@ def _lit(value, like: Var):
 def sum_in_order(b: Builder, parts: list[Var], device: str) -> Var:
     total = parts[0]
     for p in parts[1:]:
-        total = b.add1(OPS["add"], [total, p], device)
+        total = b.add1(add_p, [total, p], device)
     return total
 
 
 def copy_to(b: Builder, x: Var, device: str) -> Var:
-    return x if x.device == device else b.add1(OPS["copy_to"], [x], device, device=device)
+    return x if x.device == device else b.add1(copy_p, [x], device, device=device)
 
 
 def near_equal(total: int, parts: int) -> list[int]:
@@ -57,12 +59,12 @@ def groups_of(devices, num_groups: int) -> list[tuple]:
 
 
 def reshaped(b: Builder, x: Var, shape: tuple) -> Var:
-    return x if x.ty.shape == shape else b.add1(OPS["reshape"], [x], x.device, shape=shape)
+    return x if x.ty.shape == shape else b.add1(reshape_p, [x], x.device, shape=shape)
 
 
 def concat_on(b: Builder, parts: list[Var], device: str) -> Var:
     """parts concatenated along axis 0 on `device` (one part: itself)."""
-    return parts[0] if len(parts) == 1 else b.add1(OPS["concat"], parts, device, axis=0)
+    return parts[0] if len(parts) == 1 else b.add1(concat_p, parts, device, axis=0)
 
 
 def flat_slice(b: Builder, x: Var, start: int, stop: int) -> Var:
@@ -70,7 +72,7 @@ def flat_slice(b: Builder, x: Var, start: int, stop: int) -> Var:
     flat = reshaped(b, x, (x.ty.size,))
     if (start, stop) == (0, x.ty.size):
         return flat
-    return b.add1(OPS["getitem"], [flat], x.device, index=(("slice", start, stop, None),))
+    return b.add1(getitem_p, [flat], x.device, index=(("slice", start, stop, None),))
 
 
 def shard_of(b: Builder, total: Var, n: int, replica: int) -> Var:
@@ -84,7 +86,7 @@ def padded(b: Builder, chunk: Var, length: int) -> Var:
     """A flat chunk followed by zeros up to `length` elements, on the chunk's device."""
     if chunk.ty.size == length:
         return chunk
-    zeros = b.add1(OPS["fill"], [], chunk.device, shape=(length - chunk.ty.size,),
+    zeros = b.add1(fill_p, [], chunk.device, shape=(length - chunk.ty.size,),
                    dtype=chunk.ty.dtype, value=0)
     return concat_on(b, [chunk, zeros] if chunk.ty.size else [zeros], chunk.device)
 

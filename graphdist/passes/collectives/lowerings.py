@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphdist.ir.builder import Builder
-from graphdist.ops import OPS
+from graphdist.ops.math import add_p
 from graphdist.passes.collectives import costs
 from graphdist.ops.collectives import shard_length
 from graphdist.passes.collectives.blocks import (concat_on, copy_to, finish_mean, flat_slice,
@@ -106,12 +106,13 @@ class Ring(Lowering):
         """The pieces and {piece: complete value} on each device (its own segment's)."""
         n = len(devices)
         pieces = self._pieces(xs[0].ty.size, n)
-        views = [{p: flat_slice(b, xs[d], p[1], p[2]) for p in pieces} for d in range(n)]
+        flats = [reshaped(b, x, (x.ty.size,)) for x in xs]
+        views = [{p: flat_slice(b, flats[d], p[1], p[2]) for p in pieces} for d in range(n)]
         partial = {p: views[(p[0] + 1) % n][p] for p in pieces}
         for step in range(n - 1):
             for p in pieces:
                 d = (p[0] + 2 + step) % n
-                partial[p] = b.add1(OPS["add"], [copy_to(b, partial[p], devices[d]),
+                partial[p] = b.add1(add_p, [copy_to(b, partial[p], devices[d]),
                                                  views[d][p]], devices[d])
         done = [{} for _ in range(n)]
         for p in pieces:
