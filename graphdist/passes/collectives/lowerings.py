@@ -34,7 +34,8 @@ from graphdist.passes.collectives.registry import Lowering, register
 class OneDevice(Lowering):
     """Copy every replica's value to one device, add them there in device order, copy the
     result back: simple, and the fewest adds; the reducing device's link is the bottleneck.
-    A reduce_scatter sends each device only its shard; an all_gather gathers there too."""
+    A reduce_scatter sends each device only its shard; an all_gather (nothing to add) is
+    the base's direct copies."""
 
     name = "one_device"
     reduce_to_device: str | None = None
@@ -56,12 +57,6 @@ class OneDevice(Lowering):
     def reduce_scatter(self, b, xs, op, devices, n):
         total = self._total(b, xs, op, devices)
         return [copy_to(b, shard_of(b, total, n, d), dev) for d, dev in enumerate(devices)]
-
-    def all_gather(self, b, xs, devices, n, total=None):
-        target = self._target(devices)
-        parts = unpadded_views(b, xs, n, total)
-        whole = concat_on(b, [copy_to(b, x, target) for x in parts], target)
-        return [copy_to(b, whole, dev) for dev in devices]
 
     def all_reduce_cost(self, n, nbytes, link, pricing):
         return costs.one_device_cost(n, nbytes, link)
