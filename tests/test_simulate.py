@@ -147,6 +147,22 @@ def test_mpi_cost_is_local_passes_plus_a_ring_between_workers():
     assert COSTS["mpi"](16, S, LINK, 4, local) == mpi_cost(16, S, LINK, 4, local)
 
 
+def test_every_collective_is_priced_by_its_lowering():
+    """A logical eqn of each collective costs what its lowering's model says: the ring's
+    reduce-scatter is half its all-reduce; all-gather and broadcast as their algorithms."""
+    from graphdist.ops import OPS
+    from graphdist.simulate.predict import _collective_seconds, _Costs
+
+    x = Var(ArrayType((S // 4,), np.dtype("float32")), "x", None)
+    costs = _Costs("ring", LINK, False, None, Link(0.0, math.inf))
+    seconds = {name: _collective_seconds(SimpleNamespace(op=OPS[name], inputs=(x,)), 8, costs)
+               for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")}
+    assert seconds["all_reduce"] == pytest.approx(ring_cost(8, S, LINK))
+    assert seconds["reduce_scatter"] == pytest.approx(ring_cost(8, S, LINK) / 2)
+    assert seconds["all_gather"] == pytest.approx(7 * (5e-6 + S / 25e9))
+    assert seconds["broadcast"] == pytest.approx(3 * (5e-6 + S / 25e9))
+
+
 def test_rate_by_size_interpolates_in_log_size():
     model = {"per_unit": 1.0, "by_size": [{"size": 1, "per_unit": 8.0},
                                           {"size": 16, "per_unit": 2.0},

@@ -320,10 +320,10 @@ class Mpi(Lowering):
                            "replicas": self.replicas})
 
     def all_gather(self, b, xs, devices, n, total=None):
-        """Shards of a flat value (`total`): every replica's size, so that MPI can gather
-        blocks of uneven sizes."""
+        """With `total` (padded shards of a flat value), every replica's chunk length, so
+        that the gathered value drops the padding."""
         params = {"group": self.group, "replicas": self.replicas}
-        if total is not None:     # padded shards: every replica's chunk length
+        if total is not None:
             params["rows"] = tuple(near_equal(total, self.replicas))
         return fused_node(b, "mpi_all_gather", xs, devices, params, flatten=False)
 
