@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from reference_sums import add_in_order, finish
 from graphdist.cli import main
 from graphdist.distribute import cross_device_ops as cdo
 from graphdist.ir import ArrayType, Lit, Var
@@ -42,19 +43,8 @@ REDUCE_OPS = ("sum", "mean")
 # ---------------------------------------------------------------- references, in each order
 
 
-def _add_in_order(parts):
-    acc = parts[0].copy()
-    for p in parts[1:]:
-        acc = acc + p
-    return acc
-
-
-def _finish(acc, n, op):
-    return acc / acc.dtype.type(n) if op == "mean" and n > 1 else acc
-
-
 def ref_device_order(xs, op):
-    return _finish(_add_in_order([x.reshape(-1) for x in xs]), len(xs), op)
+    return finish(add_in_order([x.reshape(-1) for x in xs]), len(xs), op)
 
 
 def ref_ring(xs, op):
@@ -64,7 +54,7 @@ def ref_ring(xs, op):
     at = shard_offsets(flat[0].size, n)
     for c in range(n):
         seg = slice(at[c], at[c + 1])
-        out[seg] = _finish(_add_in_order([flat[(c + k) % n][seg] for k in range(1, n + 1)]),
+        out[seg] = finish(add_in_order([flat[(c + k) % n][seg] for k in range(1, n + 1)]),
                            n, op)
     return out
 
@@ -72,8 +62,8 @@ def ref_ring(xs, op):
 def ref_hierarchical(num_groups):
     def ref(xs, op):
         groups = groups_of(tuple(range(len(xs))), num_groups)
-        partials = [_add_in_order([xs[d].reshape(-1) for d in g]) for g in groups]
-        return _finish(_add_in_order(partials), len(xs), op)
+        partials = [add_in_order([xs[d].reshape(-1) for d in g]) for g in groups]
+        return finish(add_in_order(partials), len(xs), op)
     return ref
 
 
@@ -501,9 +491,9 @@ def test_mpi_collectives_across_two_workers(tmp_path, local):
             vals = [rng.standard_normal(int(size)).astype(dtype) for _ in range(n)]
             got = iter([[np.frombuffer(bytes.fromhex(h), dtype) for h in per]
                         for per in results])
-            workers = [_add_in_order(vals[w * local:(w + 1) * local]) for w in (0, 1)]
+            workers = [add_in_order(vals[w * local:(w + 1) * local]) for w in (0, 1)]
             for op in REDUCE_OPS:
-                total = _finish(workers[0] + workers[1], n, op)
+                total = finish(workers[0] + workers[1], n, op)
                 reduced, shards, gathered = next(got), next(got), next(got)
                 for k in range(local):
                     replica = rank * local + k

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from reference_sums import add_in_order, finish
 from graphdist.distribute import cross_device_ops as cdo
 from graphdist.ir import ArrayType, Var
 from graphdist.ops import OPS
@@ -30,19 +31,8 @@ OPS_UNDER_TEST = {
 # ---------------------------------------------------------------- references, in each order
 
 
-def _add_in_order(parts):
-    acc = parts[0].copy()
-    for p in parts[1:]:
-        acc = acc + p
-    return acc
-
-
-def _finish(acc, n, op):
-    return acc / acc.dtype.type(n) if op == "mean" and n > 1 else acc
-
-
 def ref_device_order(xs, op):
-    return _finish(_add_in_order(xs), len(xs), op)
+    return finish(add_in_order(xs), len(xs), op)
 
 
 def ref_ring(xs, op):
@@ -50,7 +40,7 @@ def ref_ring(xs, op):
     out, start = np.empty_like(flat[0]), 0
     for c, length in enumerate(collectives.near_equal(flat[0].size, n)):   # segment c: c+1, ..., c
         seg = slice(start, start + length)
-        out[seg] = _finish(_add_in_order([flat[(c + k) % n][seg] for k in range(1, n + 1)]),
+        out[seg] = finish(add_in_order([flat[(c + k) % n][seg] for k in range(1, n + 1)]),
                            n, op)
         start += length
     return out.reshape(xs[0].shape)
@@ -58,8 +48,8 @@ def ref_ring(xs, op):
 
 def ref_hierarchical(xs, op, num_groups=2):
     groups = collectives.groups_of(tuple(range(len(xs))), num_groups)
-    partials = [_add_in_order([xs[d] for d in group]) for group in groups]
-    return _finish(_add_in_order(partials), len(xs), op)
+    partials = [add_in_order([xs[d] for d in group]) for group in groups]
+    return finish(add_in_order(partials), len(xs), op)
 
 
 REFS = {"ReductionToOneDevice": ref_device_order, "RingAllReduce": ref_ring,
