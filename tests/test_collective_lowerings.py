@@ -199,11 +199,12 @@ def test_host_lowers_each_collective_to_one_fused_node():
     assert [v.ty.shape for v in rs.outputs] == [(4,)] * 3         # chunks of 4, 3, 3
 
 
+@pytest.mark.parametrize("computed", [True, False], ids=["computed", "argument"])
 @pytest.mark.parametrize("name", ["host", "ring", "one_device"])
-def test_threads_mode_runs_every_collective(name, monkeypatch):
-    """One thread per device: the fused host nodes and the copies cross threads. (On
-    computed values: a collective reading the step's argument itself waits forever in
-    threads mode, a runtime bug older than these collectives, all_reduce included.)"""
+def test_threads_mode_runs_every_collective(name, computed, monkeypatch):
+    """One thread per device: the fused host nodes and the copies cross threads, on values
+    the step computed and on its arguments themselves (a collective reading another
+    device's argument used to wait for a value its thread never sent, until the timeout)."""
     from graphdist import config
 
     monkeypatch.setattr(config, "device_concurrency", lambda: "threads")
@@ -213,7 +214,8 @@ def test_threads_mode_runs_every_collective(name, monkeypatch):
     vals = [np.arange(7, dtype=np.float64) * (r + 1) for r in range(n)]
     x = strategy.experimental_distribute_values_from_function(
         lambda ctx: vals[ctx.replica_id_in_sync_group])
-    step = _step(strategy, n, computed=True)
+    monkeypatch.setattr(config, "collective_timeout", lambda: 10.0)
+    step = _step(strategy, n, computed=computed)
     results = [_values(v, n) for v in step([x])]
     assert step._latest().plan.mode == "threads"
     total = ref(vals, "sum")

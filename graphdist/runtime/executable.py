@@ -153,9 +153,13 @@ class MultiDeviceExecutable:
         reads = [v for e in eqns for v in e.inputs] + list(self._outputs_of(d))
         imports = {v: crossing[v].wait for v in reads
                    if isinstance(v, Var) and v in crossing and producer[v] != device}
-        exports = {v: crossing[v].post for e in eqns for v in e.outputs if v in crossing}
         args = g.inputs[d * a:(d + 1) * a]
         states = g.inputs[self.replicas * a + d * n_states:self.replicas * a + (d + 1) * n_states]
+        # what another device reads: values this device's eqns make, and its own arguments
+        # and variable states (a collective on cpu:0 reading cpu:1's argument waited for
+        # a value nobody sent, until the collective timeout)
+        made_here = [v for e in eqns for v in e.outputs] + list(args) + list(states)
+        exports = {v: crossing[v].post for v in made_here if v in crossing}
         variables = g.variables[d * n_states:(d + 1) * n_states]
         results, finals = self._results_of(d), self._finals_of(d)
         sub = Graph(inputs=tuple(args) + tuple(imports) + tuple(states), eqns=eqns,
