@@ -263,7 +263,7 @@ def _lowering_names() -> tuple:
 
 
 def _simulate(args) -> int:
-    """Predicted step time per device count of a builder's step (graphdist/simulate.py)."""
+    """Predicted step time per device count of a builder's step (graphdist/simulate/)."""
     import json
 
     from graphdist.simulate import format_table, simulate

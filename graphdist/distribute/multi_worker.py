@@ -2,7 +2,7 @@
 
 Each worker runs the replicas of its local devices; the replicas of all workers form one
 synchronous group. The step's logical graph is the same as on one machine; what changes is
-the lowering of its collectives ("mpi" in passes/collectives.py): each worker sums its own
+the lowering of its collectives ("mpi" in passes/collectives/lowerings.py): each worker sums its own
 replicas, the workers' sums are all-reduced with MPI (graphdist/device/mpi.py), and every
 local replica gets the result. Replica ids are global: worker w's replicas are
 w * len(local devices) + 0, 1, .... Variables start from the chief's (rank 0's) values.

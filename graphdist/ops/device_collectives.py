@@ -1,6 +1,6 @@
 """The NCCL all-reduce node: one placed node that reduces every GPU replica's buffer and
 leaves the result in every replica's output (the GPU counterpart of host_all_reduce). Made
-by the "nccl" lowering of an all_reduce (passes/collectives.py), never by user code.
+by the "nccl" lowering of an all_reduce (passes/collectives/lowerings.py), never by user code.
 
 It queues each device's part on that device's own stream and orders the streams itself, so
 the lowering adds no events around it (`orders_own_streams`). Replicas that share a

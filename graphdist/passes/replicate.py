@@ -1,7 +1,7 @@
 """replicate: N logical graphs (one per device; they differ only where shard shapes differ)
 become one placed graph. Each replica's eqns are cloned onto its device, and the k-th
 collective of every replica becomes one N-way node (one input and one output per device);
-the next stage, passes/collectives.py, lowers it into what runs."""
+the next stage, passes/collectives/, lowers it into what runs."""
 
 from __future__ import annotations
 
