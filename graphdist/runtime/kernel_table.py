@@ -51,7 +51,7 @@ def entry(kind: str, op_name: str) -> KernelEntry | None:
 def exact_ops() -> frozenset:
     """The ops whose numpy form (an entry's twin, else the op's generic impl) computes the
     same float operations in the same order as their kernel, so either gives the same bits
-    (tests/test_warmup.py checks each on whole training steps): a deferred program runs
+    (tests/runtime/test_warmup.py checks each on whole training steps): a deferred program runs
     those forms on every device kind while the kernels load."""
     return frozenset(e.op for e in ENTRIES.values() if e.exact)
 

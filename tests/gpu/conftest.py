@@ -1,4 +1,4 @@
-"""With GRAPHDIST_FAKE_CUPY=N set (tests/test_gpu_sim.py does), `import cupy` gives the
+"""With GRAPHDIST_FAKE_CUPY=N set (tests/device/test_gpu_sim.py does), `import cupy` gives the
 numpy-backed stand-in of tests/gpu/fake_cupy.py with N physical GPUs; otherwise the real
 CuPy is used, and these tests skip where there is no GPU."""
 

@@ -1,5 +1,5 @@
 """A numpy-backed stand-in for the part of CuPy graphdist uses, so CI without a GPU runs the
-GPU backend's tests (tests/test_gpu_sim.py starts them with NUMBA_ENABLE_CUDASIM=1, which
+GPU backend's tests (tests/device/test_gpu_sim.py starts them with NUMBA_ENABLE_CUDASIM=1, which
 runs the CUDA kernels in numba's simulator).
 
 It is strict where CuPy is, and checks what an eager host run would otherwise hide:

@@ -2,7 +2,7 @@
 and on several logical GPUs against the CPU backend and a numpy reference, every
 cross-device op, fused and unfused optimizer updates, checkpoints across backends.
 
-On a machine with a GPU these run on CuPy; in CI tests/test_gpu_sim.py runs them on the
+On a machine with a GPU these run on CuPy; in CI tests/device/test_gpu_sim.py runs them on the
 stand-in of fake_cupy.py (which also checks stream ordering) with the CUDA kernels in
 numba's simulator.
 """

@@ -1,7 +1,7 @@
 """The CUDA kernels of graphdist.kernels against their numpy references.
 
 Runs on a real GPU, and at tiny sizes under Numba's CUDA simulator, which
-tests/test_kernels_cudasim.py starts in a child process with NUMBA_ENABLE_CUDASIM=1.
+tests/kernels/test_kernels_cudasim.py starts in a child process with NUMBA_ENABLE_CUDASIM=1.
 """
 
 from __future__ import annotations

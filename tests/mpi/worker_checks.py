@@ -1,4 +1,4 @@
-"""Run under `mpiexec -n 2` (tests/test_multi_worker.py): every multi-worker behaviour the
+"""Run under `mpiexec -n 2` (tests/distribute/test_multi_worker.py): every multi-worker behaviour the
 tests check, each worker writing what it saw to OUT/rank<r>.json."""
 
 import json

@@ -383,13 +383,13 @@ def _sum_duplicates(rng):
                  lambda i, r: bind(OPS["sum_duplicates"], i, r), ref, diff=())]
 
 
-def _all_gather(rng):       # one replica: the identity (tests/test_sparse.py: n replicas)
+def _all_gather(rng):       # one replica: the identity (tests/ops/test_sparse.py: n replicas)
     return [Case((_u(rng, 3, 2),), lambda x: all_gather(x, 1), lambda x: x.copy(),
                  params={"n": 1})]
 
 
 def _reduce_scatter(rng):   # one replica: its one shard is the whole value, flattened
-    # (n replicas: tests/test_collective_lowerings.py)
+    # (n replicas: tests/passes/test_collective_lowerings.py)
     return [Case((_u(rng, 3, 2),), lambda x, op=op: reduce_scatter(x, op, 1),
                  lambda x: x.reshape(-1), params={"op": op, "n": 1}) for op in ("sum", "mean")]
 
@@ -479,18 +479,18 @@ CASES.update({name: lambda rng, make=make: [Case(**kw) for kw in make(rng)]
 INTERNAL_TESTED_ELSEWHERE = {
     "read_var": "tests/test_variables.py (needs a gd.Variable param)",
     "assign_var": "tests/test_variables.py (needs a gd.Variable param)",
-    "sgd_multi_update": "tests/test_fuse.py (made by fuse_optimizer, checked vs unfused)",
-    "sgd_momentum_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
-    "adam_multi_update": "tests/test_fuse.py (made by fuse_optimizer)",
-    "host_all_reduce": "tests/test_cross_device_ops.py (a lowering of all_reduce)",
-    "host_all_gather": "tests/test_sparse.py (a lowering of all_gather)",
-    "host_reduce_scatter": "tests/test_collective_lowerings.py (a lowering of reduce_scatter)",
-    "mpi_reduce_scatter": "tests/test_collective_lowerings.py (2 MPI workers)",
-    "mpi_all_reduce": "tests/test_multi_worker.py (2 MPI workers; needs a process group)",
-    "mpi_all_gather": "tests/test_multi_worker.py (sparse gradients across 2 workers)",
-    "mpi_broadcast": "tests/test_multi_worker.py (made by the mpi lowering of broadcast)",
-    "nccl_all_reduce": "tests/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
-    "host_reduce_update": "tests/test_reduce_update.py (made by fuse_reduce_update)",
+    "sgd_multi_update": "tests/passes/test_fuse.py (made by fuse_optimizer, checked vs unfused)",
+    "sgd_momentum_multi_update": "tests/passes/test_fuse.py (made by fuse_optimizer)",
+    "adam_multi_update": "tests/passes/test_fuse.py (made by fuse_optimizer)",
+    "host_all_reduce": "tests/distribute/test_cross_device_ops.py (a lowering of all_reduce)",
+    "host_all_gather": "tests/ops/test_sparse.py (a lowering of all_gather)",
+    "host_reduce_scatter": "tests/passes/test_collective_lowerings.py (a lowering of reduce_scatter)",
+    "mpi_reduce_scatter": "tests/passes/test_collective_lowerings.py (2 MPI workers)",
+    "mpi_all_reduce": "tests/distribute/test_multi_worker.py (2 MPI workers; needs a process group)",
+    "mpi_all_gather": "tests/distribute/test_multi_worker.py (sparse gradients across 2 workers)",
+    "mpi_broadcast": "tests/distribute/test_multi_worker.py (made by the mpi lowering of broadcast)",
+    "nccl_all_reduce": "tests/distribute/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
+    "host_reduce_update": "tests/kernels/test_reduce_update.py (made by fuse_reduce_update)",
 }
 
 
@@ -742,7 +742,7 @@ def test_every_op_is_in_the_sweep_or_classified():
     covered, internal = set(CASES), set(INTERNAL_TESTED_ELSEWHERE)
     assert not covered & internal
     missing = set(OPS) - covered - internal
-    assert not missing, f"ops with no example in tests/test_ops.py CASES: {sorted(missing)}"
+    assert not missing, f"ops with no example in tests/ops/test_ops.py CASES: {sorted(missing)}"
     stale = (covered | internal) - set(OPS)
     assert not stale, f"table names ops that are not registered: {sorted(stale)}"
     for name, make in CASES.items():

@@ -2,7 +2,7 @@
 loop references (Python loops over output pixels and window taps, independent of the
 im2col impl), TF's SAME geometry, the backward ops against their own loops and finite
 differences, eager vs compiled, the batching rules (2 replicas, per-device and merged, equal
-one device), the max-pool gradient kernel, and the errors. SWEEP feeds tests/test_ops.py."""
+one device), the max-pool gradient kernel, and the errors. SWEEP feeds tests/ops/test_ops.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The CPU kernels of graphdist.kernels against their numpy references, at real sizes.
 
-The CUDA kernels run in tests/test_kernels_cudasim.py (simulator) and tests/gpu/ (a real GPU).
+The CUDA kernels run in tests/kernels/test_kernels_cudasim.py (simulator) and tests/gpu/ (a real GPU).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ ops), softmax with a mask and the causal mask. Each against an independent numpy
 (math.erf for gelu), eagerly and inside gd.function, every vjp against central finite
 differences in float64, the Numba kernels against their references and the fused-kernel
 path against gd.config.set_fused_kernels(False), and the errors. SWEEP feeds
-tests/test_ops.py (shape rules, dtypes, float32 gradients)."""
+tests/ops/test_ops.py (shape rules, dtypes, float32 gradients)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from graphdist.progress import ProgressBar
 from graphdist.viz.html import page_data, render
 from graphdist.viz.summary import stats
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_VARIABLE = "w<!--<script"
 HOSTILE_SCOPE = "</script><!--<script>"
 

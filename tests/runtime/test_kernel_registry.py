@@ -24,7 +24,7 @@ from graphdist.ops import OPS
 from graphdist.runtime import kernel_table, numpy_updates
 from graphdist.runtime.adapters import collectives, nn, optim, sparse
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------- the tables it replaced
 # KERNELS, NUMPY_KERNELS, OUT_KERNELS, NUMPY_OUT_KERNELS and EXACT_FALLBACK as they stood

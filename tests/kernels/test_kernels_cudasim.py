@@ -17,7 +17,7 @@ import pytest
 from numba import cuda
 from numba import types as nt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cuda_kernels_under_the_simulator():

@@ -36,7 +36,7 @@ from graphdist.passes.collectives import (COLLECTIVES, LOWERINGS, Lowering, Pric
                                           groups_of, lowering_for, register)
 from graphdist.simulate import Link
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [(), (2,), (7,), (3, 5), (1025,)]      # sizes 1, 2, 7, 15, 1025
 REDUCE_OPS = ("sum", "mean")
 

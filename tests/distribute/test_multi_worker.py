@@ -16,7 +16,7 @@ import pytest
 
 import graphdist as gd
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: mpi/ scripts
 sys.path.insert(0, os.path.join(HERE, "mpi"))
 from training import train  # noqa: E402
 
