@@ -10,7 +10,6 @@ import time
 
 from graphdist import config
 from graphdist.device.backends import backend_for
-from graphdist.device.names import is_gpu
 from graphdist.function import Function
 from graphdist.progress import ProgressBar
 from graphdist.runtime import warmup
@@ -104,7 +103,7 @@ def _measure(builder, n: int, steps: int, progress: bool) -> dict:
     start = time.perf_counter()
     f(*args)
     placed = f.replicated_graph.devices
-    syncs = [backend_for(d).synchronize for d in placed if is_gpu(d)]
+    syncs = [backend_for(d).synchronize for d in placed if backend_for(d).ordered]
     for sync in syncs:
         sync()
     first = time.perf_counter() - start

@@ -18,8 +18,8 @@ def _demo(args) -> int:
     workers = mlp_digits.launched_workers()
     if workers > 1 and os.environ.get("PMI_RANK", "0") != "0":     # the chief reports
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
-    kind = "gpu" if args.gpu else "cpu"
-    if kind == "gpu" and not gd.devices("gpu"):
+    kind = "gpu" if args.gpu else "cpu"      # the --gpu flag, as the user gave it
+    if not gd.devices(kind):                  # cpu:0 always exists: only --gpu gets here
         print("graphdist demo --gpu: no GPU here (needs CuPy and a CUDA device)")
         return 1
     example, what = {"mlp": (mlp_digits, "a 64-128-10 MLP on the UCI digits"),
@@ -58,12 +58,13 @@ def _demo(args) -> int:
 
 
 def _devices(args) -> int:
-    from graphdist.device.names import devices, physical_gpu_of
+    from graphdist.device.backends import backend_of_kind
+    from graphdist.device.names import device_kind, devices
 
     from graphdist.device import threads
 
     for d in devices():
-        print(d if d.startswith("cpu") else f"{d}  (physical GPU {physical_gpu_of(d)})")
+        print(backend_of_kind(device_kind(d)).describe(d))
     print("(any cpu:N is a valid logical CPU device)")
     print(f"host: {threads.cores()} core(s) for this process; BLAS: {threads.blas_kernels()}")
     return 0

@@ -43,10 +43,24 @@ def background_compile() -> bool:
     return _state["background_compile"]
 
 
+# the registered device kinds: device/backends.py declares each (config sits below device/)
+_device_kinds: list[str] = []
+
+
+def declare_device_kind(kind: str) -> None:
+    _device_kinds.append(kind)
+
+
+def forget_device_kind(kind: str) -> None:
+    _device_kinds.remove(kind)
+    _state["logical_devices"].pop(kind, None)
+
+
 def set_logical_device_count(kind: str, n: int) -> None:
     """Split the physical devices of `kind` into `n` logical devices (round robin)."""
-    if kind not in ("cpu", "gpu"):
-        raise ValueError(f"set_logical_device_count: kind must be 'cpu' or 'gpu', got {kind!r}")
+    if kind not in _device_kinds:
+        raise ValueError(f"set_logical_device_count: kind must be one of "
+                         f"{', '.join(map(repr, _device_kinds))}, got {kind!r}")
     if int(n) < 1:
         raise ValueError(f"set_logical_device_count: n must be >= 1, got {n}")
     _state["logical_devices"][kind] = int(n)

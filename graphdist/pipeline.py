@@ -22,7 +22,7 @@ import functools
 from dataclasses import dataclass, field
 
 from graphdist import config
-from graphdist.device.names import is_gpu
+from graphdist.device.backends import kind_backends
 from graphdist.errors import TraceError, first_use_text
 from graphdist.ir import Graph
 from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code, place,
@@ -117,15 +117,15 @@ def replicated(graphs: list[Graph], strategy, shared_args=(),
                              f"on {list(devices)}; create it under strategy.scope()",
                              first_use_text(graphs[0], v) or None)
     mode = config.device_concurrency()
-    gpu = any(map(is_gpu, devices))
+    backends = kind_backends(devices)
     across = lowering_for(strategy.cross_device_ops).crosses_processes
-    if mode == "merged" and not gpu and not across:
+    if mode == "merged" and all(b.merges_replicas for b in backends) and not across:
         merged = _merged(graphs, devices, shared_args, stages)
         if merged is not None:
             merged.per_device = functools.partial(_per_device, graphs, strategy, "sequential")
             return merged
-    plan = _per_device(graphs, strategy, "threads" if mode == "threads" and not gpu
-                       else "sequential", stages)
+    threads = mode == "threads" and all(b.threads for b in backends)
+    plan = _per_device(graphs, strategy, "threads" if threads else "sequential", stages)
     plan.on_failure = getattr(strategy, "_step_failed", None)
     return plan
 
@@ -137,9 +137,10 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
     passes = [stage("replicate", lambda _: replicate(graphs, devices, first)),
               stage("lower_collectives",
                     lambda g: lower_collectives(g, strategy.cross_device_ops))]
-    # the fused node reads every replica's buffers in one pass: host devices run as one
-    # program, where all of them are at hand
-    if config.fused_kernels() and mode == "sequential" and not any(map(is_gpu, devices)):
+    # the fused node reads every replica's buffers in one pass: devices in host memory run
+    # as one program, where all of them are at hand
+    if config.fused_kernels() and mode == "sequential" and \
+            all(b.shares_host_memory for b in kind_backends(devices)):
         passes.append(fuse_reduce_update)
     passes.append(schedule)
     return Plan(run_passes(graphs[0], passes, record=stages), mode, stages)

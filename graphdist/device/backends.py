@@ -1,20 +1,71 @@
-"""Device backends: the array module (numpy or CuPy) and buffer moves of a device.
+"""The backend registry: one `Backend` per device kind, found by kind or by device name.
 
-CuPy is imported only when a gpu:N device is used, so `import graphdist` needs no CUDA.
-A host backend has no streams: its `enter`, `record` and `wait` are never called (the
-lowering asks `ordered` first). The base class and the host's helpers are in host.py.
+A backend declares what its kind can do (device/host.py lists the capabilities); everything
+above device/ asks those, so a new kind is its backend module plus one
+`register_backend(kind, backend)` (and, if it brings kernels, their entries under its
+`kernel_kind`). CuPy is imported only when a gpu:N device is used, so `import graphdist`
+needs no CUDA. The base class and the host's helpers are in host.py.
 """
 
 from __future__ import annotations
 
-from graphdist.device.host import Backend, host_value, is_device_array  # noqa: F401
+from graphdist import config
+from graphdist.device.gpu import GpuKind
+from graphdist.device.host import Backend, CpuBackend, host_value, is_device_array  # noqa: F401
 
-CPU = Backend()
+CPU = CpuBackend()
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(kind: str, backend: Backend) -> None:
+    """Make devices "kind:N" known: named by gd.devices, parsed by names.canonical, run by
+    `backend`. A kind is registered once (unregister_backend first to replace it)."""
+    if not (isinstance(kind, str) and kind.isidentifier() and kind == kind.lower()):
+        raise ValueError(f"register_backend: a device kind is a lower-case identifier, "
+                         f"got {kind!r}")
+    if not isinstance(backend, Backend) or backend.kind != kind:
+        raise ValueError(f"register_backend({kind!r}, {backend!r}): the backend must be a "
+                         f"Backend whose kind is {kind!r}")
+    if kind in _BACKENDS:
+        raise ValueError(f"register_backend: device kind {kind!r} is already registered "
+                         f"({_BACKENDS[kind]!r})")
+    _BACKENDS[kind] = backend
+    config.declare_device_kind(kind)
+
+
+def unregister_backend(kind: str) -> None:
+    """Forget device kind `kind` (a test's backend, when the test ends)."""
+    if kind not in _BACKENDS:
+        raise ValueError(f"unregister_backend: no device kind {kind!r}; kinds: {kinds()}")
+    del _BACKENDS[kind]
+    config.forget_device_kind(kind)
+
+
+def kinds() -> list[str]:
+    """The registered device kinds, in registration order (cpu first)."""
+    return list(_BACKENDS)
+
+
+def backend_of_kind(kind: str) -> Backend:
+    """The backend of device kind `kind` (its capabilities; no device is set up)."""
+    backend = _BACKENDS.get(kind)
+    if backend is None:
+        raise ValueError(f"unknown device kind {kind!r}; kinds: {kinds()}")
+    return backend
 
 
 def backend_for(device: str) -> Backend:
-    if device.startswith("cpu"):
-        return CPU
-    from graphdist.device.gpu import gpu_backend  # lazily: imports cupy
+    """The backend that runs `device` (a canonical "kind:N" name)."""
+    return backend_of_kind(str(device).partition(":")[0]).for_device(device)
 
-    return gpu_backend(device)
+
+def kind_backends(devices) -> list[Backend]:
+    """The backends of the kinds of `devices` (canonical names), one per kind: what the
+    compiler asks about capabilities, without setting any device up."""
+    found = dict.fromkeys(str(d).partition(":")[0] for d in devices)
+    return [backend_of_kind(kind) for kind in found]
+
+
+register_backend("cpu", CPU)
+register_backend("gpu", GpuKind())

@@ -11,11 +11,15 @@ that made it.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
 
 from graphdist.device.host import Backend
+
+# the kernel kind of the Numba CUDA kernels (runtime/adapters' CUDA entries)
+CUDA_KERNELS = "gpu"
 
 
 def cupy():
@@ -24,16 +28,62 @@ def cupy():
     return cp
 
 
-class GpuBackend(Backend):
-    """One logical GPU: its physical device, its stream, and moves to and from the host."""
+@functools.cache
+def physical_gpu_count() -> int:
+    try:
+        import cupy  # noqa: PLC0415 - optional, imported only when asked about GPUs
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver, no device: all mean "no GPU"
+        return 0
+
+
+def physical_gpu_of(device: str) -> int:
+    """The physical GPU a logical one runs on: round robin, gpu:i on i % physical count.
+
+    >>> physical_gpu_of("gpu:5") == 5 % max(physical_gpu_count(), 1)
+    True
+    """
+    return int(str(device).partition(":")[2]) % max(physical_gpu_count(), 1)
+
+
+class GpuKind(Backend):
+    """The gpu device kind: what it can do, its discovery, and its devices' backends (made
+    on first use, when CuPy is imported). Registered in device/backends.py."""
 
     kind = "gpu"
+    kernel_kind = CUDA_KERNELS
+    shares_host_memory = False
     ordered = True
+    merges_replicas = False     # each GPU has its own memory and stream: no batched program
+    threads = False             # one host thread issues every stream's work (launches are async)
+    accelerator = True
+    nccl = True
+    default_lowering = "nccl"   # logical GPUs sharing a physical one are summed there
+
+    @property
+    def xp(self):
+        return cupy()
+
+    def physical_count(self) -> int:
+        return physical_gpu_count()
+
+    def for_device(self, device: str) -> GpuBackend:
+        return gpu_backend(device)
+
+    def describe(self, device: str) -> str:
+        return f"{device}  (physical GPU {physical_gpu_of(device)})"
+
+    def restoring_caller(self):
+        return restored_stream()
+
+
+class GpuBackend(GpuKind):
+    """One logical GPU: its physical device, its stream, and moves to and from the host."""
 
     def __init__(self, device: str, physical: int):
         super().__init__(device)
         cp = cupy()
-        self.xp = cp
         self.physical = physical
         self.cuda_device = cp.cuda.Device(physical)
         with self.cuda_device:
@@ -122,8 +172,6 @@ _made: dict[str, GpuBackend] = {}
 
 def gpu_backend(device: str) -> GpuBackend:
     """The backend of logical GPU `device` ("gpu:N"), made once per process."""
-    from graphdist.device.names import physical_gpu_count, physical_gpu_of
-
     backend = _made.get(device)
     if backend is not None:
         return backend

@@ -1,51 +1,24 @@
-"""Device strings ("cpu:N", "gpu:N"): parsing, validation and what exists on this machine."""
+"""Device strings ("kind:N" for every registered kind: cpu, gpu, ...): parsing, validation
+and what exists on this machine (each kind's backend says how many devices it has)."""
 
 from __future__ import annotations
 
-import functools
-
-from graphdist import config
-
-
-@functools.cache
-def physical_gpu_count() -> int:
-    try:
-        import cupy  # noqa: PLC0415 - optional, imported only when asked about GPUs
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:  # no cupy, no driver, no device: all mean "no GPU"
-        return 0
-
-
-def physical_gpu_of(device: str) -> int:
-    """The physical GPU a logical one runs on: round robin, gpu:i on i % physical count.
-
-    >>> physical_gpu_of("gpu:5") == 5 % max(physical_gpu_count(), 1)
-    True
-    """
-    return int(str(device).partition(":")[2]) % max(physical_gpu_count(), 1)
-
-
-def gpu_count() -> int:
-    physical = physical_gpu_count()
-    return (config.logical_device_count("gpu") or physical) if physical else 0
-
+from graphdist.device.backends import backend_of_kind, kinds
+from graphdist.device.gpu import physical_gpu_count, physical_gpu_of  # noqa: F401 - here too
 
 def devices(kind: str | None = None) -> list[str]:
     """The devices graphdist can place work on: "cpu:0" (or cpu:0..n-1 after
-    set_logical_device_count("cpu", n); any cpu:N is valid anyway) and one "gpu:i" per
-    logical GPU.
+    set_logical_device_count("cpu", n); any cpu:N is valid anyway), one "gpu:i" per
+    logical GPU, and those of any other registered kind.
 
     >>> gd.devices("cpu")
     ['cpu:0']
     """
-    cpus = config.logical_device_count("cpu") or 1
-    found = [f"cpu:{i}" for i in range(cpus)] + [f"gpu:{i}" for i in range(gpu_count())]
-    if kind is None:
-        return found
-    if kind not in ("cpu", "gpu"):
-        raise ValueError(f"devices: kind must be 'cpu', 'gpu' or None, got {kind!r}")
-    return [d for d in found if d.startswith(kind)]
+    if kind is not None and kind not in kinds():
+        raise ValueError(f"devices: kind must be one of {', '.join(map(repr, kinds()))} or "
+                         f"None, got {kind!r}")
+    return [f"{k}:{i}" for k in ([kind] if kind else kinds())
+            for i in range(backend_of_kind(k).device_count())]
 
 
 def _parts(device) -> tuple[str, str]:
@@ -63,10 +36,10 @@ def canonical(device) -> str:
     """'CPU:0', '/device:cpu:0', 'cpu' -> 'cpu:0'; raises ValueError for unknown devices."""
     kind, index = _parts(device)
     index = index or "0"
-    if kind not in ("cpu", "gpu") or not index.isdigit():
+    if kind not in kinds() or not index.isdigit():
         raise ValueError(f"unknown device {device!r}; devices here: {devices()} "
                          "(any 'cpu:N' is a valid logical CPU device)")
-    if kind == "gpu" and int(index) >= gpu_count():
+    if not backend_of_kind(kind).has_device(int(index)):
         raise ValueError(f"device {device!r} is not available; devices here: {devices()}")
     return f"{kind}:{int(index)}"
 
@@ -75,5 +48,15 @@ def is_gpu(device) -> bool:
     return str(device).startswith("gpu")
 
 
+def default_devices() -> list[str]:
+    """What a strategy given no devices runs on (TF's MirroredStrategy()): every device of
+    the first accelerator kind that has any, else cpu:0."""
+    for kind in kinds():
+        if backend_of_kind(kind).accelerator and backend_of_kind(kind).device_count():
+            return devices(kind)
+    return ["cpu:0"]
+
+
 def default_device() -> str:
-    return "gpu:0" if gpu_count() else "cpu:0"
+    """Where work without a strategy goes: the first of default_devices()."""
+    return default_devices()[0]

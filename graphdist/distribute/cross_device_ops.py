@@ -107,19 +107,32 @@ class MpiAllReduce(CrossDeviceOps):
 
 
 def choose_cross_device_ops(devices) -> CrossDeviceOps:
-    """What `cross_device_ops=None` means for these devices: the fused one-pass
-    HostAllReduce when all are host devices (fastest on CPU, see docs/benchmarks.md),
-    NcclAllReduce when all are GPUs (logical GPUs sharing a physical one are summed there
-    by one kernel), else ReductionToOneDevice.
+    """What `cross_device_ops=None` means for these devices: when all are of one kind, the
+    lowering that kind's backend declares (`default_lowering`: the fused one-pass
+    HostAllReduce for host devices, fastest on CPU, see docs/benchmarks.md; NcclAllReduce
+    for GPUs, where logical GPUs sharing a physical one are summed by one kernel), else
+    ReductionToOneDevice.
 
     >>> choose_cross_device_ops(["cpu:0", "cpu:1"])
     HostAllReduce()
     """
+    from graphdist.device.backends import backend_of_kind
     from graphdist.device.names import device_kind
 
-    kinds = {device_kind(dev) for dev in devices}
-    if kinds == {"cpu"}:
-        return HostAllReduce()
-    if kinds == {"gpu"}:
-        return NcclAllReduce()
-    return ReductionToOneDevice()
+    backends = {backend_of_kind(device_kind(dev)) for dev in devices}
+    if len(backends) != 1:
+        return ReductionToOneDevice()
+    return _by_lowering(backends.pop().default_lowering)()
+
+
+def _by_lowering(name: str) -> type[CrossDeviceOps]:
+    """The CrossDeviceOps class that names lowering `name` (and needs no options)."""
+    found = [cls for cls in _subclasses(CrossDeviceOps) if cls.lowering == name]
+    if not found:
+        raise ValueError(f"no CrossDeviceOps names the lowering {name!r} (a backend's "
+                         "default_lowering must be one a CrossDeviceOps class names)")
+    return found[0]
+
+
+def _subclasses(cls) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]

@@ -13,7 +13,7 @@ import numpy as np
 
 from graphdist import eager
 from graphdist.distribute import context
-from graphdist.device.names import canonical, default_device, devices as all_devices
+from graphdist.device.names import canonical, default_device, default_devices
 from graphdist.distribute.input import DistributedDataset
 from graphdist.device.backends import host_value
 from graphdist.distribute.values import (LocalValue, PerReplica, ReduceOp, ValueContext,
@@ -241,10 +241,11 @@ class Strategy:
         self._devices = tuple(canonical(d) for d in devices)
         if len(set(self._devices)) != len(self._devices):
             raise ValueError(f"{type(self).__name__}: duplicate devices in {devices}")
-        if len({d.partition(":")[0] for d in self._devices}) > 1:
-            raise ValueError(f"{type(self).__name__}: devices {list(self._devices)} mix CPUs and "
-                             "GPUs; replicas on both kinds are not supported: use all "
-                             "cpu:N or all gpu:N devices")
+        kinds = sorted({d.partition(":")[0] for d in self._devices})
+        if len(kinds) > 1:
+            raise ValueError(f"{type(self).__name__}: devices {list(self._devices)} mix the "
+                             f"device kinds {', '.join(kinds)}; replicas on several kinds are "
+                             "not supported: use devices of one kind (all cpu:N, say)")
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         from graphdist.distribute.cross_device_ops import CrossDeviceOps, choose_cross_device_ops
@@ -505,7 +506,7 @@ class MirroredStrategy(Strategy):
 
     def __init__(self, devices=None, cross_device_ops=None, bucket_bytes: int = 25 * 2**20):
         if devices is None:
-            devices = all_devices("gpu") or ["cpu:0"]
+            devices = default_devices()
         super().__init__(devices, cross_device_ops, bucket_bytes)
 
 

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from graphdist.device.backends import Backend, backend_for
+from graphdist.device.host import HOST_KERNELS
 from graphdist.ir import Graph, Lit, Var
 from graphdist.runtime import kernel_table, warmup
 from graphdist.runtime.buffers import Buffer, BufferPlan, Place
@@ -206,11 +207,11 @@ class Emitter:
         self.name[eqn.outputs[0]] = name
 
     def note_kernel(self, kernel, params, form: str, eqn) -> None:
-        """Remember a CPU kernel call for warmup (what a first call may run without); an
+        """Remember a host kernel call for warmup (what a first call may run without); an
         in-place numpy form (unfused, or deferred) has nothing to load."""
         if kernel_table.is_numpy_twin(kernel):
             return
-        if self.backend_of(eqn.device).kind == "cpu":
+        if self.backend_of(eqn.device).kernel_kind == HOST_KERNELS:
             ins = tuple(v.ty if isinstance(v, Var) else np.asarray(v.value, v.ty.dtype)[()]
                         for v in eqn.inputs)
             self.kernel_calls.append(warmup.KernelCall(

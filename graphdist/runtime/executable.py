@@ -9,11 +9,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from graphdist import config
-from graphdist.device.names import is_gpu
 from graphdist.errors import WorkerError
 from graphdist.ir import Graph, Var
 from graphdist.device import threads
-from graphdist.device.backends import backend_for
+from graphdist.device.backends import backend_for, kind_backends
 from graphdist.runtime.lower import lower
 
 _ABORT = object()
@@ -68,19 +67,16 @@ def returned_results(placed: Graph, shared_results) -> list[tuple]:
                   if d == 0 or k not in shared) for d in range(len(placed.devices))]
 
 
-def _on_gpu(devices) -> bool:
-    return any(map(is_gpu, devices))
-
-
 def _guarded(program, devices):
-    """The program itself, or for GPU devices one that gives the caller back its current
-    device and stream (the program switches between the devices' streams)."""
-    if not _on_gpu(devices):
+    """The program itself, or for devices with streams one that gives the caller back its
+    current device and stream (the program switches between the devices' streams)."""
+    ordered = [b for b in kind_backends(devices) if b.ordered]
+    if not ordered:
         return program
-    from graphdist.device.gpu import restored_stream
+    restoring = ordered[0].restoring_caller
 
     def run(*arrays):
-        with restored_stream():
+        with restoring():
             return program(*arrays)
 
     return run

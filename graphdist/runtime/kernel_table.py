@@ -104,7 +104,7 @@ def out_impl(backend, op, types=(), *, fused: bool = True, deferred: bool = Fals
 def _entry(backend, op, types) -> KernelEntry | None:
     if not _compiled_dtypes(types):
         return None
-    return ENTRIES.get((backend.kind, op.name))
+    return ENTRIES.get((backend.kernel_kind, op.name))
 
 
 def _compiled_dtypes(types) -> bool:

@@ -109,7 +109,8 @@ def old_out_kernel(kind, op, low_precision, *, fused, deferred):
 
 
 def _backend(kind: str):
-    return SimpleNamespace(kind=kind, xp=np)
+    """A backend as the lookup sees it: the kernel kind it names (device/host.py)."""
+    return SimpleNamespace(kind=kind, kernel_kind=kind, xp=np)
 
 
 FLAGS = [dict(fused=f, deferred=d) for f, d in itertools.product((True, False), repeat=2)]
@@ -262,3 +263,13 @@ def test_the_docs_give_the_one_entry_recipe():
         assert "register_kernel" in text, doc
         for old in ("OUT_KERNELS", "NUMPY_KERNELS", "EXACT_FALLBACK", "KERNELS["):
             assert old not in text, (doc, old)
+
+
+def test_a_backend_finds_kernels_by_the_kernel_kind_it_names_not_by_its_device_kind():
+    """A new device kind in host memory reuses the "cpu" kernels by naming that kernel kind."""
+    relu_grad = OPS["relu_grad"]
+    reuses = SimpleNamespace(kind="xpu", kernel_kind="cpu", xp=np)
+    assert kernel_table.out_kernel(reuses, relu_grad) is \
+        kernel_table.entry("cpu", "relu_grad").out
+    assert kernel_table.out_kernel(SimpleNamespace(kind="xpu", kernel_kind="xpu", xp=np),
+                                   relu_grad) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphdist.device.backends import backend_of_kind
 from graphdist.ir import ArrayType, Eqn, Lit, Var
 from graphdist.ir.builder import Builder
 from graphdist.ops import OPS
@@ -119,8 +120,11 @@ def fused_node(b: Builder, name: str, xs: list[Var], devices: tuple, params: dic
     return list(outs)
 
 
-def require_kind(who: str, devices, kind: str, hint: str) -> None:
-    wrong = [dev for dev in devices if not str(dev).startswith(kind + ":")]
+def require_capability(who: str, devices, capability: str, what: str, hint: str) -> None:
+    """Raise unless every device's backend declares `capability` (a Backend attribute,
+    device/host.py): `what` says in words what the devices must be."""
+    wrong = [dev for dev in devices
+             if not getattr(backend_of_kind(str(dev).partition(":")[0]), capability)]
     if wrong:
-        raise ValueError(f"{who}: expected only {kind} devices, got "
-                         f"{list(devices)} ({', '.join(wrong)} not {kind}); {hint}")
+        raise ValueError(f"{who}: expected only {what}, got "
+                         f"{list(devices)} ({', '.join(wrong)} not); {hint}")

@@ -24,8 +24,8 @@ from graphdist.passes.collectives import costs
 from graphdist.ops.collectives import shard_length
 from graphdist.passes.collectives.blocks import (concat_on, copy_to, finish_mean, flat_slice,
                                                  fused_node, groups_of, near_equal, padded,
-                                                 require_kind, reshaped, shard_of, sum_in_order,
-                                                 unpadded_views)
+                                                 require_capability, reshaped, shard_of,
+                                                 sum_in_order, unpadded_views)
 from graphdist.passes.collectives.registry import Lowering, register
 
 
@@ -220,8 +220,9 @@ class Host(Lowering):
 
     @staticmethod
     def _require(devices) -> None:
-        require_kind("HostAllReduce", devices, "cpu", "HostAllReduce runs on host (cpu:N) "
-                     "devices; use NcclAllReduce or RingAllReduce for GPUs")
+        require_capability("HostAllReduce", devices, "shares_host_memory",
+                           "devices in host memory", "HostAllReduce runs on host (cpu:N) "
+                           "devices; use NcclAllReduce or RingAllReduce for GPUs")
 
     def all_reduce(self, b, xs, op, devices):
         self._require(devices)
@@ -264,8 +265,9 @@ class Nccl(Lowering):
 
     @staticmethod
     def _require(devices) -> None:
-        require_kind("NcclAllReduce", devices, "gpu", "NCCL runs between GPUs; use "
-                     "HostAllReduce or RingAllReduce for host devices")
+        require_capability("NcclAllReduce", devices, "nccl", "devices NCCL runs between",
+                           "NCCL runs between GPUs; use "
+                           "HostAllReduce or RingAllReduce for host devices")
 
     def all_reduce(self, b, xs, op, devices):
         self._require(devices)

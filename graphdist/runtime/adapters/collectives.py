@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphdist.device.gpu import CUDA_KERNELS
 from graphdist.runtime import numpy_updates
 from graphdist.runtime.adapters.registry import OP_IMPL, register_kernel
 
@@ -62,7 +63,7 @@ def reduce_update_cpu(*ins, update, reduce, offsets, replicas, n, **params):
         reduce_sgd_cpu(bufs, offsets, lists[0], None, reduce, h.lr, 0.0, False, h.weight_decay)
 
 
-@register_kernel("nccl_all_reduce", kind="gpu")
+@register_kernel("nccl_all_reduce", kind=CUDA_KERNELS)
 def nccl_all_reduce_gpu(outs, *xs, op, devices):
     from graphdist.runtime.gpu_collectives import nccl_all_reduce
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphdist.device.gpu import CUDA_KERNELS
 from graphdist.runtime import numpy_updates
 from graphdist.runtime.adapters.registry import OP_IMPL, register_kernel
 
@@ -95,7 +96,7 @@ def _stream():
     return current_numba_stream()
 
 
-@register_kernel("sgd_multi_update", kind="gpu")
+@register_kernel("sgd_multi_update", kind=CUDA_KERNELS)
 def sgd_multi_gpu(*arrays, n):
     from graphdist.kernels.sgd import sgd_multi_gpu
 
@@ -103,7 +104,7 @@ def sgd_multi_gpu(*arrays, n):
                   hyper=arrays[2 * n])
 
 
-@register_kernel("sgd_momentum_multi_update", kind="gpu")
+@register_kernel("sgd_momentum_multi_update", kind=CUDA_KERNELS)
 def momentum_multi_gpu(*arrays, n, nesterov):
     from graphdist.kernels.sgd import sgd_multi_gpu
 
@@ -111,23 +112,23 @@ def momentum_multi_gpu(*arrays, n, nesterov):
                   hyper=arrays[3 * n])
 
 
-@register_kernel("adam_multi_update", kind="gpu")
+@register_kernel("adam_multi_update", kind=CUDA_KERNELS)
 def adam_multi_gpu(*arrays, n):
     from graphdist.kernels.adam import adam_multi_gpu
 
     adam_multi_gpu(*_per_kind(arrays, n, 4), stream=_stream(), hyper=arrays[4 * n])
 
 
-@register_kernel("sgd_update", kind="gpu")
+@register_kernel("sgd_update", kind=CUDA_KERNELS)
 def sgd_gpu(p, g, hyper):
     sgd_multi_gpu(p, g, hyper, n=1)
 
 
-@register_kernel("sgd_momentum_update", kind="gpu")
+@register_kernel("sgd_momentum_update", kind=CUDA_KERNELS)
 def momentum_gpu(p, m, g, hyper, *, nesterov):
     momentum_multi_gpu(p, m, g, hyper, n=1, nesterov=nesterov)
 
 
-@register_kernel("adam_update", kind="gpu")
+@register_kernel("adam_update", kind=CUDA_KERNELS)
 def adam_gpu(p, m, v, g, hyper):
     adam_multi_gpu(p, m, v, g, hyper, n=1)
