@@ -21,17 +21,20 @@ def register(compile_fn: Callable) -> None:
     _compile = compile_fn
 
 
-def compiled(cache: MutableMapping, key: Hashable, fn: Callable):
+def compiled(cache: MutableMapping, key: Hashable, fn: Callable, *, quiet: bool = False):
     """cache[key], or else `fn` wrapped in gd.function and remembered there: the compiled
     form of traced code called eagerly, traced at its first call once per input signature
     as any gd.function. The caller's cache keeps one per key (per replica function, per
-    reduce), so a later call with the same key reuses its compiled programs."""
+    reduce), so a later call with the same key reuses its compiled programs. `quiet`: the
+    function is graphdist's own and retraces for every new shape by design (an eager
+    reduce across workers), so its retraces are not worth a warning to the user."""
     found = cache.get(key)
     if found is None:
         if _compile is None:
             raise RuntimeError("graphdist.function is not imported, so nothing can compile "
                                "eager code: import graphdist first")
         found = cache[key] = _compile(fn)
+        found.warns_on_retraces = not quiet
     return found
 
 

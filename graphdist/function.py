@@ -204,6 +204,7 @@ class Function:
         self.__name__ = getattr(fn, "__name__", "function")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.trace_count = 0
+        self.warns_on_retraces = True   # False for graphdist's own per-shape helpers
         self._cache: dict = {}       # signature -> Compiled, at most MAX_SIGNATURES of them
         self._last = None            # the signature of the latest trace
         self._last_compiled = None
@@ -267,7 +268,7 @@ class Function:
         if self._last is None:
             return
         trace = self.trace_count + 1
-        often = trace >= RETRACE_WARNING_FROM
+        often = trace >= RETRACE_WARNING_FROM and self.warns_on_retraces
         if not (often or config._state["explain_retraces"]):
             return
         hint = ("; it traces and compiles again for every new signature: keep shapes, "

@@ -226,6 +226,22 @@ def _retrace_warnings(caplog) -> list[str]:
             r.getMessage()]
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_graphdists_own_per_shape_helpers_retrace_without_warning(caplog, quiet):
+    """The eager reduce across workers compiles one function per (op, axis) that retraces
+    for every new shape by design: the user did nothing to cause it, so no warning; a
+    user's eager strategy.run (quiet=False) still warns."""
+    from graphdist import eager
+
+    cache = {}
+    with caplog.at_level(logging.WARNING, logger="graphdist"):
+        for n in range(1, 9):
+            eager.compiled(cache, "reduce", lambda v: gd.reduce_sum(v), quiet=quiet)(
+                np.ones(n, np.float32))
+    assert cache["reduce"].trace_count == 8
+    assert len(_retrace_warnings(caplog)) == (0 if quiet else 3)
+
+
 def test_the_sixth_trace_and_later_ones_warn_naming_what_changed(caplog):
     @gd.function
     def f(x):

@@ -84,7 +84,7 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
     def _eager_reduce(self, op, value, axis):
         """The reduce compiled, so that its all-reduce crosses the workers."""
         compiled = eager.compiled(self._reduce_functions, (op, axis),
-                                  lambda v: self.reduce(op, v, axis))
+                                  lambda v: self.reduce(op, v, axis), quiet=True)
         return compiled(value)
 
     def __repr__(self) -> str:
