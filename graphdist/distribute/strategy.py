@@ -100,6 +100,27 @@ def _mean_dtype(dtype) -> np.dtype:
                     "them first (gd.cast), or reduce with SUM")
 
 
+def _is_integer(x) -> bool:
+    """An integer tensor, array or Python int (bools are not numbers to average)."""
+    if isinstance(x, bool):
+        return False
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return isinstance(x, int)
+    return np.dtype(dtype).kind in "iu"
+
+
+def _integer_mean(v, n: int):
+    """ReplicaContext.all_reduce(MEAN) of integers, as TF's: the sum over the n replicas
+    divided with a true division (float64, or float32 for 8- and 16-bit integers)."""
+    from graphdist.ops.array import cast
+    from graphdist.ops.collectives import all_reduce
+    from graphdist.ops.math import divide
+
+    dtype = _mean_dtype(getattr(v, "dtype", np.int64))
+    return divide(cast(all_reduce(v, "sum"), dtype.name), dtype.type(n))
+
+
 def _is_array(x) -> bool:
     """A concrete array (numpy, or a device array), not a traced tensor or a structure."""
     return not isinstance(x, Symbolic) and (isinstance(x, (np.ndarray, np.generic))
@@ -202,15 +223,21 @@ class ReplicaContext:
         n = self.num_replicas_in_sync
         if n == 1:
             return value
+        def integer_mean(v) -> bool:      # summed, then divided as strategy.reduce does
+            return op is ReduceOp.MEAN and _is_integer(v)
+
+        def bucketed(v) -> bool:
+            return isinstance(v, (Symbolic, IndexedSlices)) and not integer_mean(v)
+
         # the traced tensors of a structure travel together, packed into buckets as
         # gradients are (TF's batch all-reduce); sparse ones as rows; constants alone
         leaves = []
-        map_structure(lambda v: leaves.append(v) if isinstance(v, (Symbolic, IndexedSlices))
-                      else None, value)
+        map_structure(lambda v: leaves.append(v) if bucketed(v) else None, value)
         bucket_bytes = getattr(self.strategy, "bucket_bytes", 25 * 2**20)
         reduced = iter(all_reduce_gradients(leaves, op.value, bucket_bytes, n) if leaves
                        else ())
-        return map_structure(lambda v: next(reduced) if isinstance(v, (Symbolic, IndexedSlices))
+        return map_structure(lambda v: _integer_mean(v, n) if integer_mean(v)
+                             else next(reduced) if bucketed(v)
                              else all_reduce(v, op.value), value)
 
     def merge_call(self, merge_fn, args=(), kwargs=None):

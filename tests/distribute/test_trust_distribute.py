@@ -446,6 +446,28 @@ def test_reduce_mean_of_integers_divides_as_tf(dtype, traced):
         np.testing.assert_array_equal(total, stacked.sum(0) if axis is None else stacked.sum())
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_replica_context_all_reduce_mean_of_integers_divides_as_reduce_does(dtype):
+    # the same division as strategy.reduce above (TF's cross-device ops divide_by_n): it
+    # raised TypeError inside a replica while strategy.reduce divided
+    strategy = _strategy(3)
+    values = gd.PerReplica([np.array([-7, 5, 2], dtype), np.array([2, 0, 2], dtype),
+                            np.array([0, 1, 2], dtype)])
+    ctx = lambda: gd.get_replica_context()                              # noqa: E731
+    step = gd.function(lambda v: strategy.run(lambda x: (
+        ctx().all_reduce(gd.ReduceOp.MEAN, x), ctx().all_reduce(gd.ReduceOp.MEAN, 3),
+        ctx().all_reduce(gd.ReduceOp.SUM, x)), args=(v,)))
+    means, constant, sums = (v.values if isinstance(v, gd.PerReplica) else (v,) * 3
+                             for v in step(values))                 # mirrored: one value
+    want = np.array(values.values, np.int64).sum(0) / 3.0
+    for k in range(3):
+        assert np.asarray(means[k]).dtype == np.float64
+        np.testing.assert_array_equal(means[k], want)     # [-5/3, 2, 2]: not truncated
+        np.testing.assert_array_equal(sums[k], np.array(values.values).sum(0))
+        assert np.asarray(constant[k]).dtype == np.float64 and float(constant[k]) == 3.0
+    np.testing.assert_array_equal(strategy.reduce(gd.ReduceOp.MEAN, values, axis=None), want)
+
+
 def test_unnamed_variable_is_named_variable():
     # TF: tensorflow/python/distribute/mirrored_variable_test.py
     # MirroredVariableCreationTest.testUnnamedVariable ("Variable:0"; graphdist has no ":0")
