@@ -133,3 +133,19 @@ class Group:
             check = now + 1e-3
             if now - start > 0.05:
                 time.sleep(1e-4)
+
+    def allgather_bytes(self, data: bytes, what: str = "an all-gather of bytes") -> list:
+        """Every worker's `data` (of any length), in rank order: the lengths first, then
+        the bytes padded to the longest (descriptions exchanged when workers disagree)."""
+        import numpy as np
+
+        if self.size == 1:
+            return [bytes(data)]
+        lengths = np.empty(self.size, np.int64)
+        self.allgather(np.array([len(data)], np.int64), lengths, what)
+        width = max(int(lengths.max()), 1)
+        mine = np.zeros(width, np.uint8)
+        mine[:len(data)] = np.frombuffer(data, np.uint8)
+        every = np.empty(width * self.size, np.uint8)
+        self.allgather(mine, every, what)
+        return [every[r * width:r * width + int(n)].tobytes() for r, n in enumerate(lengths)]

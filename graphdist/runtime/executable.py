@@ -14,6 +14,7 @@ from graphdist.ir import Graph, Var
 from graphdist.device import threads
 from graphdist.device.backends import backend_for, kind_backends
 from graphdist.runtime.lower import lower
+from graphdist.runtime.schedule_check import checked
 
 _ABORT = object()
 
@@ -341,6 +342,7 @@ def executable(plan, variables: dict, profile: bool = False, shared_results=()):
     if plan.mode == "merged":
         return MergedExecutable(g, variables, profile, shared_results, lambda: executable(
             plan.per_device(), variables, profile, shared_results))
+    # collectives across workers: agreed with the other workers before each call runs them
     if plan.mode == "threads":
-        return MultiDeviceExecutable(g, variables, profile, shared_results)
-    return SequentialExecutable(g, variables, profile, shared_results)
+        return checked(MultiDeviceExecutable(g, variables, profile, shared_results), g)
+    return checked(SequentialExecutable(g, variables, profile, shared_results), g)

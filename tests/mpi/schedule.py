@@ -1,0 +1,77 @@
+"""Run under `mpiexec -n 2` (tests/distribute/test_collective_schedule.py): workers that run
+different collectives. argv: OUT scenario, scenario one of
+  extra_reduce  the chief calls one extra strategy.reduce between two steps
+  other_step    worker 1's step all-reduces a metric of another width
+  agree         both train as training.py does
+Each worker writes what it saw to OUT/rank<r>.json."""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+import graphdist as gd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from training import train  # noqa: E402
+
+out_dir, scenario = sys.argv[1], sys.argv[2]
+strategy = gd.MultiWorkerMirroredStrategy(["cpu:0"])
+rank, report = strategy.worker_index, {}
+
+
+def mlp_step(width: int):
+    """A small regression step whose replicas also all-reduce a metric of `width` floats."""
+    with strategy.scope():
+        w = gd.Variable(np.random.default_rng(3).standard_normal((4, 2)).astype(np.float32),
+                        name="w")
+        opt = gd.optimizers.SGD(0.1)
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal((8, 2)).astype(np.float32)
+
+    def replica_fn(x, y):
+        with gd.GradientTape() as tape:
+            loss = gd.reduce_mean((x @ w - y) ** 2)
+        opt.apply_gradients([(tape.gradient(loss, w), w)])
+        metric = gd.reduce_sum(x, axis=0)[:width]
+        return gd.get_replica_context().all_reduce("sum", metric)
+
+    step = gd.function(lambda x, y: strategy.run(replica_fn, args=(x, y)))
+    batches = list(strategy.experimental_distribute_dataset([(x, y)] * 3))
+    return w, step, batches
+
+
+def attempt(fn):
+    try:
+        fn()
+        return None
+    except gd.WorkerError as e:
+        return str(e)
+
+
+if scenario == "extra_reduce":
+    w, step, batches = mlp_step(2)
+    step(*batches[0])
+    report["before"] = w.numpy().tolist()
+    per = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.full(5, ctx.replica_id_in_sync_group + 1.0, np.float32))
+    if rank == 0:
+        report["error"] = attempt(lambda: strategy.reduce("sum", per, axis=None))
+    else:
+        report["error"] = attempt(lambda: step(*batches[1]))
+    report["after"] = w.numpy().tolist()
+elif scenario == "other_step":
+    w, step, batches = mlp_step(2 + rank)
+    report["before"] = w.numpy().tolist()
+    report["error"] = attempt(lambda: step(*batches[0]))
+    report["after"] = w.numpy().tolist()
+else:
+    trained = train(strategy, seed=100)
+    report["w"] = trained["w"].numpy().tolist()
+    report["w_bytes"] = trained["w"].values[0].tobytes().hex()
+    report["checked"] = type(trained["step"].concrete_functions[0].executable).__name__ \
+        if hasattr(trained["step"], "concrete_functions") else None
+
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(report, f)
