@@ -26,7 +26,7 @@ from graphdist.checkpoint_format import (BITS, FORMAT, HOST, META, STALE_TEMP_S,
                                          CheckpointFile, describe, remove_stale_temps,
                                          write_atomically)
 from graphdist.config import logger
-from graphdist.errors import CheckpointError, TraceError
+from graphdist.errors import CheckpointError, TraceError, WorkerError
 from graphdist.ops.core import current_tracer
 from graphdist.variables import Variable
 
@@ -173,9 +173,18 @@ class Checkpoint:
         if current_tracer() is not None:
             raise TraceError("Checkpoint.restore inside traced code; call it between steps")
         path = os.fspath(path)
-        with CheckpointFile(path) as file:
-            plan = _RestorePlan(file, *self._entries())
-            values = {key: plan.value(key) for _, key in plan.writes if key is not None}
+        entries = self._entries()
+        group = _workers(entries[0].values())
+        try:
+            with CheckpointFile(path) as file:
+                plan = _RestorePlan(file, *entries)
+                values = {key: plan.value(key) for _, key in plan.writes if key is not None}
+        except Exception as e:
+            if group is not None:                 # the others must not wait, nor go on alone
+                _agree_on_restore(group, path, None, e)
+            raise
+        if group is not None:
+            _agree_on_restore(group, path, values, None)
         for target, key in plan.writes:            # every check passed: now write
             if not isinstance(target, Variable):
                 opt, var, name = target            # a slot the optimizer has not made yet
@@ -384,6 +393,35 @@ class RestoreStatus:
     def __repr__(self) -> str:
         return (f"<RestoreStatus {self.path!r}: {len(self.unused)} unused entries, "
                 f"{len(self.unrestored)} tracked values not restored>")
+
+
+def _agree_on_restore(group, path: str, values, error) -> None:
+    """Before anything is written: every worker read the same values (the chief's file is
+    authoritative), else every worker raises gd.WorkerError naming the files and ranks. A
+    stale file on one node would otherwise train different "mirrored" weights."""
+    from graphdist.distribute.multi_worker import digest, exchange
+
+    checksum = None if values is None else digest(np.frombuffer("".join(
+        f"{key}:{digest(values[key])};" for key in sorted(values)).encode(), np.uint8))
+    every = exchange(group, {"path": path, "checksum": checksum,
+                             "error": None if error is None else f"{type(error).__name__}: "
+                                                                 f"{error}"},
+                     f"the restore of {path!r}")
+    for rank, theirs in enumerate(every):
+        if theirs["error"] is not None:
+            if error is not None:
+                return                            # the caller raises its own error
+            raise WorkerError(f"Checkpoint.restore: worker {rank} could not restore "
+                              f"{theirs['path']!r}: {theirs['error']}; nothing was restored")
+    chief = every[0]
+    for rank, theirs in enumerate(every):
+        if theirs["checksum"] != chief["checksum"]:
+            raise WorkerError(
+                f"Checkpoint.restore: worker {rank} read {theirs['path']!r}, whose values "
+                f"differ from those the chief (worker 0) read from {chief['path']!r} "
+                f"(checksums {theirs['checksum'][:12]} and {chief['checksum'][:12]}); every "
+                "worker must restore the same checkpoint (a stale file on one node?); "
+                "nothing was restored")
 
 
 def _workers(variables):

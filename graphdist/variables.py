@@ -99,7 +99,8 @@ class Variable(Operators, Symbolic):
         self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
         strategy = _strategy or context.get_strategy()
         self._strategy = strategy
-        value = strategy._initial_value(value)
+        self._name = name or "Variable"
+        value = strategy._initial_value(value, self)    # the workers agree on name, shape..
         self._devices = tuple(_devices or strategy.devices)
         if self._sync is VariableSynchronization.NONE and len(self._devices) > 1:
             raise ValueError(f"Variable {name!r}: synchronization=NONE is not supported under "
@@ -111,13 +112,13 @@ class Variable(Operators, Symbolic):
         if self._sync is VariableSynchronization.ON_READ:
             trainable = False
         self._uid = next(_ids)
-        self._name = name or "Variable"
         self._trainable = bool(trainable)
         self._values = [backend_for(d).from_host(value) for d in self._devices]
         self._ref = StateRef(self._uid, self._name, self._devices, self.on_read)
         # a merged step (passes/merge.py) updates only component 0 of a mirrored variable;
         # the others are brought up to date when read: catch_up()
         self._lagging = False
+        strategy._track(self)                   # for strategy.check_mirrored()
 
     # ------------------------------------------------------------ properties
     name = property(lambda self: self._name)

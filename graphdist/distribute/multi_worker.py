@@ -6,15 +6,78 @@ the lowering of its collectives ("mpi" in passes/collectives/lowerings.py): each
 replicas, the workers' sums are all-reduced with MPI (graphdist/device/mpi.py), and every
 local replica gets the result. Replica ids are global: worker w's replicas are
 w * len(local devices) + 0, 1, .... Variables start from the chief's (rank 0's) values.
+
+Before any data moves the workers agree (`exchange`): on the layout when the strategy is
+made, on each variable's signature when it is made, and on the number of variables at the
+first trace of a step; flat buffers of different shapes would otherwise line up silently.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 
 from graphdist import eager
 from graphdist.distribute.cross_device_ops import MpiAllReduce
 from graphdist.distribute.strategy import MirroredStrategy
+from graphdist.errors import WorkerError
+from graphdist.ops.core import current_tracer
+
+
+def exchange(group, payload, what: str) -> list:
+    """Every worker's `payload` (JSON-able data), in rank order, on every worker.
+
+    Two all-gathers of fixed form (each worker's byte count, then the bytes padded to the
+    longest), so workers that exchange different kinds of payload still meet in the same
+    collectives, see the same list and take the same decision."""
+    import numpy as np
+
+    data = json.dumps(payload, sort_keys=True).encode()
+    counts = np.zeros(group.size, np.int64)
+    group.allgather(np.array([len(data)], np.int64), counts, f"the sizes of {what}")
+    width = int(counts.max())
+    mine = np.zeros(width, np.uint8)
+    mine[:len(data)] = np.frombuffer(data, np.uint8)
+    every = np.zeros(group.size * width, np.uint8)
+    group.allgather(mine, every, what)
+    return [json.loads(every[r * width:r * width + int(n)].tobytes().decode())
+            for r, n in enumerate(counts)]
+
+
+def digest(array) -> str:
+    """A checksum of an array's bytes, dtype and shape (bit-identical arrays only match)."""
+    import numpy as np
+
+    array = np.ascontiguousarray(array)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{array.dtype.str}{array.shape}".encode())
+    h.update(array.view(np.uint8).reshape(-1).data if array.size else b"")
+    return h.hexdigest()
+
+
+def _describe(signature: dict) -> str:
+    """One worker's agreement payload in words."""
+    if signature["kind"] == "layout":
+        return f"{signature['local_devices']} local devices"
+    if signature["kind"] == "step":
+        return (f"its first step after {signature['variables']} variables, without "
+                "making another")
+    return (f"variable #{signature['index']} {signature['name']!r} shape "
+            f"{tuple(signature['shape'])} {signature['dtype']} synchronization "
+            f"{signature['synchronization']} aggregation {signature['aggregation']}")
+
+
+def agree(group, signature: dict, what: str) -> None:
+    """Raise WorkerError on every worker unless every worker's `signature` equals the chief's,
+    naming the first worker that differs and both signatures."""
+    every = exchange(group, signature, what)
+    for rank, theirs in enumerate(every):
+        if theirs != every[0]:
+            raise WorkerError(f"workers disagree on {what}: worker 0 has {_describe(every[0])}; "
+                              f"worker {rank} has {_describe(theirs)} (every worker must make "
+                              "the same strategy and the same variables in the same order "
+                              "before its first step)")
 
 
 class MultiWorkerMirroredStrategy(MirroredStrategy):
@@ -31,13 +94,14 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
 
     def __init__(self, local_devices=None, cross_device_ops=None,
                  bucket_bytes: int = 25 * 2**20):
-        from graphdist.device.mpi import world
+        from graphdist.device.mpi import install_failure_hooks, world
 
         if cross_device_ops is not None:
             raise ValueError("MultiWorkerMirroredStrategy: across workers the all-reduce runs "
                              "on MPI (each worker sums its replicas in order first); "
                              "cross_device_ops must be None")
         self._group = world()
+        install_failure_hooks(self._group)   # any failure here is named on the others
         if local_devices is None and os.environ.get("GRAPHDIST_DEVICES_PER_WORKER"):
             count = int(os.environ["GRAPHDIST_DEVICES_PER_WORKER"])
             local_devices = [f"cpu:{i}" for i in range(count)]
@@ -45,6 +109,10 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         self.cross_device_ops = MpiAllReduce(self._group, self.num_replicas_in_sync,
                                              self._first_replica)
         self.cross_device_ops_chosen = False     # never merged: the workers are processes
+        self._variables_made = 0                  # under the scope, so far
+        self._agreed_variables = 0                # how many a step has been checked against
+        agree(self._group, {"kind": "layout", "local_devices": len(self._devices)},
+              "the layout of MultiWorkerMirroredStrategy")
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -55,14 +123,60 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
     is_chief = property(lambda self: self._group.rank == 0)
     _first_replica = property(lambda self: self._group.rank * len(self._devices))
 
-    def _initial_value(self, value):
-        """Every worker's variables start from the chief's values."""
+    def _initial_value(self, value, variable=None):
+        """Every worker's variables start from the chief's values, once every worker has
+        shown that it makes the same variable (else the raw bytes would line up silently)."""
         import numpy as np
 
         value = np.array(value, copy=True)
+        index = self._variables_made
+        self._variables_made += 1
+        if variable is not None:
+            agree(self._group, {"kind": "variable", "index": index, "name": variable.name,
+                                "shape": list(value.shape), "dtype": value.dtype.name,
+                                "synchronization": variable.synchronization.name,
+                                "aggregation": variable.aggregation.name},
+                  f"variable #{index} {variable.name!r}")
         self._group.bcast(value.reshape(-1).view(np.uint8), 0, "the broadcast of a "
                           "variable's initial value from the chief")
         return value
+
+    def run(self, fn, args=(), kwargs=None):
+        if current_tracer() is not None:
+            self._agree_before_step()
+        return super().run(fn, args, kwargs)
+
+    def _agree_before_step(self) -> None:
+        """At a step's trace, when variables were made since the last check: every worker
+        has made as many (one with an extra variable would still be making it)."""
+        made = self._variables_made
+        if made != self._agreed_variables:
+            agree(self._group, {"kind": "step", "variables": made},
+                  "the variables made before a step")
+            self._agreed_variables = made
+
+    def check_mirrored(self) -> None:
+        """Every mirrored variable bit-identical on every replica of every worker, else
+        gd.WorkerError on every worker naming the first variable that is not and the
+        replicas (global ids) whose bytes differ. The workers compare checksums."""
+        variables = self._mirrored_variables()
+        mine = [[v.name, [digest(v._host(k)) for k in range(len(v.values))]]
+                for v in variables]
+        every = exchange(self._group, mine, "check_mirrored's checksums")
+        for rank, theirs in enumerate(every):
+            if len(theirs) != len(every[0]):
+                raise WorkerError(f"check_mirrored: worker 0 has {len(every[0])} mirrored "
+                                  f"variables, worker {rank} has {len(theirs)}")
+        local = len(self._devices)
+        for i, (name, reference) in enumerate(every[0]):
+            differ = [rank * local + k for rank, theirs in enumerate(every)
+                      for k, checksum in enumerate(theirs[i][1]) if checksum != reference[0]]
+            if differ or any(theirs[i][0] != name for theirs in every):
+                names = sorted({theirs[i][0] for theirs in every})
+                raise WorkerError(f"check_mirrored: mirrored variable {name!r} (#{i}) differs "
+                                  f"from replica 0 (worker 0) on replicas {differ}"
+                                  + (f"; the workers' variable #{i} is named {names}"
+                                     if len(names) > 1 else ""))
 
     def _sum_across_workers(self, value):
         import numpy as np

@@ -9,6 +9,8 @@ explicit collective that the replication pass lowers between devices.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from graphdist import eager
@@ -290,6 +292,7 @@ class Strategy:
         self._run_steps_functions: dict = {}
         self._reduce_functions: dict = {}
         self.default_replica_context = ReplicaContext(self, 0)
+        self._variables = weakref.WeakValueDictionary()   # id -> variable made under scope
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -299,9 +302,33 @@ class Strategy:
     _local_replicas = property(lambda self: len(self._devices))
     _first_replica = 0
 
-    def _initial_value(self, value):
+    def _initial_value(self, value, variable=None):
         """A new variable's initial value (a multi-worker strategy takes the chief's)."""
         return value
+
+    def _track(self, variable) -> None:
+        """Remember a variable made under this strategy (weakly) for check_mirrored."""
+        self._variables[id(variable)] = variable
+
+    # ------------------------------------------------------------ checks
+    def check_mirrored(self) -> None:
+        """Check that every mirrored variable made under this strategy's scope is
+        bit-identical on every replica (of every worker under a multi-worker strategy);
+        raise naming the first that is not and its replicas (ValueError; gd.WorkerError
+        on every worker when several workers take part). Returns None when all agree.
+        Sync-on-read variables are skipped: their replicas differ by design."""
+        for variable in self._mirrored_variables():
+            parts = [variable._host(k) for k in range(len(variable.values))]
+            for k, part in enumerate(parts[1:], 1):
+                if part.tobytes() != parts[0].tobytes():
+                    raise ValueError(
+                        f"check_mirrored: mirrored variable {variable.name!r} differs between "
+                        f"replica {self._first_replica} ({variable.devices[0]}) and replica "
+                        f"{self._first_replica + k} ({variable.devices[k]})")
+
+    def _mirrored_variables(self) -> list:
+        """The live mirrored variables made under this strategy, in the order they were made."""
+        return [v for v in list(self._variables.values()) if not v.on_read]
 
     def _sum_across_workers(self, value):
         """The sum of every worker's `value` (one worker: itself)."""
