@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 
 from graphdist import eager
 from graphdist.distribute.cross_device_ops import MpiAllReduce
@@ -111,6 +112,7 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         self.cross_device_ops_chosen = False     # never merged: the workers are processes
         self._variables_made = 0                  # under the scope, so far
         self._agreed_variables = 0                # how many a step has been checked against
+        self._traced_steps = weakref.WeakSet()    # the step functions traced so far
         agree(self._group, {"kind": "layout", "local_devices": len(self._devices)},
               "the layout of MultiWorkerMirroredStrategy")
 
@@ -142,15 +144,27 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         return value
 
     def run(self, fn, args=(), kwargs=None):
-        if current_tracer() is not None:
-            self._agree_before_step()
-        return super().run(fn, args, kwargs)
+        if current_tracer() is None:
+            return super().run(fn, args, kwargs)
+        self._agree_before_step(fn)
+        try:
+            return super().run(fn, args, kwargs)
+        finally:   # slots made in the trace were agreed one by one: every worker has them
+            self._agreed_variables = self._variables_made
 
-    def _agree_before_step(self) -> None:
-        """At a step's trace, when variables were made since the last check: every worker
-        has made as many (one with an extra variable would still be making it)."""
+    def _agree_before_step(self, fn) -> None:
+        """At the first trace of a step function, when variables were made since the last
+        check: every worker has made as many (a worker with an extra variable is still
+        making it, and meets this exchange with its own). Only first traces: a worker may
+        retrace a step alone (its shards have other shapes)."""
+        function = getattr(fn, "__func__", fn)
+        try:
+            first = function not in self._traced_steps
+            self._traced_steps.add(function)
+        except TypeError:                         # not weakly referable: treat as first
+            first = True
         made = self._variables_made
-        if made != self._agreed_variables:
+        if first and made != self._agreed_variables:
             agree(self._group, {"kind": "step", "variables": made},
                   "the variables made before a step")
             self._agreed_variables = made
