@@ -81,6 +81,12 @@ elif scenario == "timing":
             step(*batches[0])
         times.append((time.perf_counter() - start) / 200)
     report["seconds_per_step"] = min(times)
+    from graphdist.runtime.schedule_check import agree, fingerprint
+
+    start = time.perf_counter()
+    for _ in range(1000):
+        agree(strategy._group, [], fingerprint([]))
+    report["seconds_per_header"] = (time.perf_counter() - start) / 1000
 else:
     trained = train(strategy, seed=100)
     report["w"] = trained["w"].numpy().tolist()
