@@ -60,7 +60,8 @@ def digest(array) -> str:
 def _describe(signature: dict) -> str:
     """One worker's agreement payload in words."""
     if signature["kind"] == "layout":
-        return f"{signature['local_devices']} local devices"
+        count = signature["local_devices"]
+        return f"{count} local device{'s' if count != 1 else ''}"
     if signature["kind"] == "step":
         return (f"its first step after {signature['variables']} variables, without "
                 "making another")

@@ -45,6 +45,7 @@ def _launch(scenario, out_dir):
     ("dtype", ["'w'", "(8, 4) float32", "(8, 4) float64"]),
     ("extra", ["'extra'", "variable #2"]),
     ("extra_last", ["'extra'", "its first step after"]),
+    ("layout", ["layout", "2 local devices", "1 local device"]),
 ])
 def test_workers_that_make_different_variables_raise_before_training(scenario, named,
                                                                      tmp_path):
@@ -102,6 +103,12 @@ def test_restore_agrees_on_the_same_file_and_refuses_different_files(agreeing):
             assert text in message, (text, message)
         assert report["unchanged"]                      # nothing was restored
         assert report["check_after_different"] == [None, None]
+
+    # a file missing on worker 1 only: it raises CheckpointError, the chief WorkerError
+    assert agreeing[1]["missing_on_one"][0] == "CheckpointError"
+    kind, message = agreeing[0]["missing_on_one"]
+    assert kind == "WorkerError" and "worker 1" in message and "missing.ckpt" in message
+    assert agreeing[0]["unchanged_after_missing"] and agreeing[1]["unchanged_after_missing"]
 
 
 def test_check_mirrored_on_one_process_names_the_variable_and_replicas():

@@ -5,10 +5,11 @@ OUT_DIR/rank{r}.json with what it saw. Scenarios:
 - dtype: worker 1's 'w' is float64 where the chief's is float32;
 - extra: the chief makes one more variable, 'extra', than worker 1, before its optimizer;
 - extra_last: the same, last (worker 1 starts its first step while the chief makes it);
+- layout: worker 1 has one local device, the chief two;
 - train: the workers agree; they train two SGD steps, run check_mirrored, then tamper
   with one component of 'w' on worker 1 and run it again; then each worker restores a
   checkpoint: first the same file on both, then a different file on each (worker 1's
-  "stale" file holds other values).
+  "stale" file holds other values), then a file worker 1 does not have.
 """
 
 import json
@@ -19,12 +20,12 @@ import time
 import numpy as np
 
 import graphdist as gd
+from mpi4py import MPI
 
 out_dir, scenario = sys.argv[1], sys.argv[2]
 gd.config.set_collective_timeout(10.0)
-strategy = gd.MultiWorkerMirroredStrategy(["cpu:0", "cpu:1"])
-rank = strategy.worker_index
 report = {"trained": False}
+start = time.perf_counter()
 
 
 def error_of(call):
@@ -83,9 +84,16 @@ def restore_scenarios(w, b):
     report["different_files"] = error_of(lambda: ckpt.restore(mine))[:2]
     report["unchanged"] = w.numpy().tolist() == before
     report["check_after_different"] = error_of(strategy.check_mirrored)[:2]
+    missing = os.path.join(out_dir, "missing.ckpt")
+    report["missing_on_one"] = error_of(lambda: ckpt.restore(chief_file if rank == 0
+                                                              else missing))[:2]
+    report["unchanged_after_missing"] = w.numpy().tolist() == before
 
 
 try:
+    local = 1 if scenario == "layout" and MPI.COMM_WORLD.Get_rank() == 1 else 2
+    strategy = gd.MultiWorkerMirroredStrategy([f"cpu:{i}" for i in range(local)])
+    rank = strategy.worker_index
     w, b, opt = make_variables()
     train(w, b, opt)
     report["w"] = w.numpy().tolist()
@@ -99,6 +107,8 @@ try:
 except Exception as e:  # noqa: BLE001 - recorded for the test
     report["raised"] = type(e).__name__
     report["message"] = str(e)
+    report["seconds_to_raise"] = time.perf_counter() - start
 
+rank = MPI.COMM_WORLD.Get_rank()
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(report, f)
