@@ -169,7 +169,9 @@ class Checkpoint:
         """Load `path` into the tracked variables, creating optimizer slots that do not exist
         yet, and return a RestoreStatus (`assert_consumed()`, `expect_partial()`). Raises
         CheckpointError, changing nothing, if the file does not fit. Only the entries
-        something tracks are decompressed."""
+        something tracks are decompressed. Under a multi-worker strategy every worker calls
+        it, and the workers compare checksums of what they read before writing: values that
+        differ from the chief's raise gd.WorkerError on every worker, naming the files."""
         if current_tracer() is not None:
             raise TraceError("Checkpoint.restore inside traced code; call it between steps")
         path = os.fspath(path)
