@@ -119,6 +119,16 @@ def agree(group, schedule: list[dict], digest: bytes) -> None:
     raise WorkerError(_mismatch_text(group.rank, sides))
 
 
+def agree_on_collective(group, kind: str, shape=(), dtype: str = "", op: str = "") -> None:
+    """The same check for one collective outside compiled code (a checkpoint's rendezvous,
+    an object broadcast): call it on every worker just before the collective, with what it
+    moves. A worker that is elsewhere (in a step, another collective) makes every worker
+    raise WorkerError naming both."""
+    schedule = [{"kind": kind, "shapes": [list(shape)], "dtypes": [str(dtype)], "op": op,
+                 "lowering": "mpi", "line": ""}]
+    agree(group, schedule, fingerprint(schedule))
+
+
 class ScheduleChecked:
     """An executable whose program runs collectives across workers, checked first: at its
     first call always, and at every call unless GRAPHDIST_SCHEDULE_CHECK says otherwise."""

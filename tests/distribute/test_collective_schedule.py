@@ -77,6 +77,18 @@ def test_workers_that_compiled_different_steps_raise_at_its_first_call(tmp_path)
 
 
 @needs_mpi
+def test_a_collective_outside_compiled_code_meeting_a_step_raises_on_both(tmp_path):
+    reports = _two_workers("rendezvous", str(tmp_path))
+    for rank, report in enumerate(reports):
+        error = report["error"]
+        assert error is not None, f"worker {rank} did not raise"
+        assert "rank 0: call #1 at schedule.py:" in error
+        assert "checkpoint save of int64(3,)" in error
+        assert "rank 1: call #1 at schedule.py:" in error and "step(*batches[1])" in error
+        np.testing.assert_array_equal(report["after"], report["before"])
+
+
+@needs_mpi
 def test_agreeing_workers_train_as_four_devices(tmp_path):
     reports = _two_workers("agree", str(tmp_path))
     four = train(gd.MirroredStrategy([f"cpu:{i}" for i in range(4)]), seed=100)
