@@ -122,6 +122,35 @@ class Checkpoint:
                     slots[key] = (opt, var, name)
         return variables, plain, optimizers, slots
 
+    # ------------------------------------------------------------ finding one
+    @staticmethod
+    def latest(directory) -> str | None:
+        """The newest whole checkpoint file in `directory`, or None: a job restarted after
+        a failure resumes from it. Whole: a complete checkpoint (saves are atomic, so
+        half-written temp files are skipped, and so is any file that is not one). Newest:
+        by the step number in the name when every candidate has one ('ckpt-12.npz'),
+        else by modification time."""
+        import zipfile
+
+        found = []
+        for name in os.listdir(directory):
+            path = os.path.join(directory, name)
+            if name.startswith(".") or name.endswith(".tmp") or not os.path.isfile(path):
+                continue
+            try:
+                with zipfile.ZipFile(path) as zf:
+                    if f"{META}.npy" not in zf.namelist():
+                        continue
+            except (OSError, zipfile.BadZipFile):
+                continue
+            numbers = re.findall(r"\d+", name)
+            found.append((int(numbers[-1]) if numbers else None, os.path.getmtime(path), path))
+        if not found:
+            return None
+        if all(step is not None for step, _, _ in found):
+            return max(found)[2]
+        return max(found, key=lambda item: (item[1], item[2]))[2]
+
     # ------------------------------------------------------------ save
     def save(self, path):
         """Write every tracked variable to `path` atomically and return `path`."""
@@ -408,7 +437,7 @@ def _agree_on_restore(group, path: str, values, error) -> None:
     every = exchange(group, {"path": path, "checksum": checksum,
                              "error": None if error is None else f"{type(error).__name__}: "
                                                                  f"{error}"},
-                     f"the restore of {path!r}")
+                     f"the restore of {path!r}", "restore")
     for rank, theirs in enumerate(every):
         if theirs["error"] is not None:
             if error is not None:

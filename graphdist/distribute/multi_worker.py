@@ -26,15 +26,17 @@ from graphdist.errors import WorkerError
 from graphdist.ops.core import current_tracer
 
 
-def exchange(group, payload, what: str) -> list:
+def exchange(group, payload, what: str, purpose: str = "agreement") -> list:
     """Every worker's `payload` (JSON-able data), in rank order, on every worker.
 
     Two all-gathers of fixed form (each worker's byte count, then the bytes padded to the
     longest), so workers that exchange different kinds of payload still meet in the same
-    collectives, see the same list and take the same decision."""
+    collectives, see the same list and take the same decision: workers whose `purpose`
+    differs (one checks its variables, another restores) raise WorkerError together."""
     import numpy as np
 
-    data = json.dumps(payload, sort_keys=True).encode()
+    data = json.dumps({"purpose": purpose, "what": what, "payload": payload},
+                      sort_keys=True).encode()
     counts = np.zeros(group.size, np.int64)
     group.allgather(np.array([len(data)], np.int64), counts, f"the sizes of {what}")
     width = int(counts.max())
@@ -42,8 +44,13 @@ def exchange(group, payload, what: str) -> list:
     mine[:len(data)] = np.frombuffer(data, np.uint8)
     every = np.zeros(group.size * width, np.uint8)
     group.allgather(mine, every, what)
-    return [json.loads(every[r * width:r * width + int(n)].tobytes().decode())
-            for r, n in enumerate(counts)]
+    every = [json.loads(every[r * width:r * width + int(n)].tobytes().decode())
+             for r, n in enumerate(counts)]
+    for rank, theirs in enumerate(every):
+        if theirs["purpose"] != purpose:
+            raise WorkerError(f"workers out of step: worker {group.rank} was in {what} while "
+                              f"worker {rank} was in {theirs['what']}")
+    return [theirs["payload"] for theirs in every]
 
 
 def digest(array) -> str:
@@ -177,7 +184,7 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         variables = self._mirrored_variables()
         mine = [[v.name, [digest(v._host(k)) for k in range(len(v.values))]]
                 for v in variables]
-        every = exchange(self._group, mine, "check_mirrored's checksums")
+        every = exchange(self._group, mine, "check_mirrored's checksums", "check_mirrored")
         for rank, theirs in enumerate(every):
             if len(theirs) != len(every[0]):
                 raise WorkerError(f"check_mirrored: worker 0 has {len(every[0])} mirrored "

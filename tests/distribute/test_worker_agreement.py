@@ -111,6 +111,13 @@ def test_restore_agrees_on_the_same_file_and_refuses_different_files(agreeing):
     assert agreeing[0]["unchanged_after_missing"] and agreeing[1]["unchanged_after_missing"]
 
 
+def test_workers_in_different_checks_raise_together_naming_both(agreeing):
+    for rank in (0, 1):      # the chief in check_mirrored, worker 1 in a restore
+        kind, message = agreeing[rank]["out_of_step"]
+        assert kind == "WorkerError", message
+        assert "check_mirrored" in message and "restore" in message, message
+
+
 def test_check_mirrored_on_one_process_names_the_variable_and_replicas():
     strategy = gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2"])
     with strategy.scope():

@@ -9,7 +9,8 @@ OUT_DIR/rank{r}.json with what it saw. Scenarios:
 - train: the workers agree; they train two SGD steps, run check_mirrored, then tamper
   with one component of 'w' on worker 1 and run it again; then each worker restores a
   checkpoint: first the same file on both, then a different file on each (worker 1's
-  "stale" file holds other values), then a file worker 1 does not have.
+  "stale" file holds other values), then a file worker 1 does not have; then the chief
+  calls check_mirrored while worker 1 restores.
 """
 
 import json
@@ -88,6 +89,9 @@ def restore_scenarios(w, b):
     report["missing_on_one"] = error_of(lambda: ckpt.restore(chief_file if rank == 0
                                                               else missing))[:2]
     report["unchanged_after_missing"] = w.numpy().tolist() == before
+    # out of step: the chief checks its replicas while worker 1 restores
+    report["out_of_step"] = error_of(strategy.check_mirrored if rank == 0
+                                     else lambda: ckpt.restore(chief_file))[:2]
 
 
 try:
