@@ -223,9 +223,9 @@ def _suite(args) -> int:
 def _launch(args) -> int:
     """One worker process per MPI rank, through the environment's mpiexec (MPICH's, from the
     `mpi` extra, beside this Python first). The script's own options pass through
-    untouched; the exit status is mpiexec's: non-zero when any worker fails."""
+    untouched; the exit status is mpiexec's: non-zero when any worker fails, with one line
+    per rank saying why. `--restarts R` runs the job again after a failure."""
     import shutil
-    import subprocess
 
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = here if os.path.exists(here) else shutil.which("mpiexec")
@@ -246,14 +246,52 @@ def _launch(args) -> int:
         return 2
     else:
         target = [args.script, *args.script_args]
-    env = dict(os.environ)
+    env = {**os.environ, **_LOOPBACK}
     if args.devices_per_worker:
         env["GRAPHDIST_DEVICES_PER_WORKER"] = str(args.devices_per_worker)
     command = [mpiexec, "-n", str(args.n), sys.executable, *target]
     try:
-        return subprocess.call(command, env=env)
+        for attempt in range(args.restarts + 1):
+            status = _launch_once(command, {**env, "GRAPHDIST_RESTART": str(attempt)}, args.n)
+            if status == 0:
+                return 0
+            if attempt < args.restarts:
+                print(f"graphdist launch: restarting the job (attempt {attempt + 1} of "
+                      f"{args.restarts})", file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         return 130
+
+
+# the ranks' own sockets listen on the loopback interface only: MPICH's libfabric netmod over
+# its tcp provider, bound to lo (the default UCX netmod listens on every interface); MPICH's
+# shared memory carries the data between ranks of one host. Hydra's own control port
+# (mpiexec's) still binds to every interface: MPICH has no setting for it.
+_LOOPBACK = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo"}
+
+
+def _launch_once(command: list, env: dict, workers: int) -> int:
+    """One run of the job; on failure, one line per rank on stderr: its exit status and the
+    first line of its error, from the report each worker writes as it leaves (a rank with
+    none was killed, or stopped by the job's teardown before it could say)."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="graphdist-launch-") as folder:
+        status = subprocess.call(command, env={**env, "GRAPHDIST_LAUNCH_STATUS": folder})
+        if status == 0:
+            return 0
+        for rank in range(workers):
+            try:
+                with open(os.path.join(folder, f"rank{rank}.json")) as f:
+                    report = json.load(f)
+                line = f"exit {report['status']}" + (f": {report['error']}"
+                                                     if report["error"] else "")
+            except (OSError, ValueError, KeyError):
+                line = "no report: killed, or stopped when the job was torn down"
+            print(f"graphdist launch: worker {rank}: {line}", file=sys.stderr)
+    return status
 
 
 def _lowering_names() -> tuple:
@@ -372,6 +410,9 @@ def main(argv=None) -> int:
     launch.add_argument("script", nargs="?")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
                         help="the script's own arguments, passed through untouched")
+    launch.add_argument("--restarts", type=int, default=0, metavar="R",
+                        help="after a failure, run the whole job again up to R times "
+                             "(GRAPHDIST_RESTART holds the attempt, 0 first)")
     simulate = sub.add_parser("simulate", help="predict the step time of MODULE:BUILDER on "
                               "device counts past this machine (calibrated op costs + a link)")
     simulate.add_argument("target", metavar="MODULE:BUILDER")

@@ -3,22 +3,36 @@
 `world()` is the process group a MultiWorkerMirroredStrategy runs on. Its collectives are
 what the multi-worker nodes of a compiled step call (ops/mpi_collectives.py): each starts a
 non-blocking MPI operation and waits for it while watching two things, so that no worker
-hangs: the collective timeout (gd.config.set_collective_timeout), and abort notices. A
-worker whose step raises sends every other worker a notice with its error
+hangs: the collective timeout (gd.config.set_collective_timeout), and notices from the
+other workers. A worker that fails (in a step, between steps, at exit: the hooks of
+`install_failure_hooks`) sends every other worker a notice with its error
 (`Group.abort`), and a worker waiting in a collective raises gd.WorkerError naming that
-rank. mpi4py is imported here only, when a multi-worker strategy is made.
+rank. At a timeout the waiting worker asks the others where they are (a notice each live
+one answers from its own wait) and names, from its small flight recorder and their
+answers, the collective and source line of every rank and which had arrived. A worker that
+failed leaves through MPI Abort rather than MPI_Finalize, which would wait for ever for a
+hung peer. Notices and `bcast_object` carry JSON (arrays as raw bytes), never pickles: a
+rank runs no code another sends. mpi4py is imported here only, when a multi-worker
+strategy is made.
 """
 
 from __future__ import annotations
 
+import collections
+import json
 import os
+import sys
+import threading
 import time
 
 from graphdist import config
 from graphdist.device import threads
 from graphdist.errors import WorkerError
 
-_ABORT_TAG = 77
+_NOTICE_TAG = 77
+_ANSWER_SECONDS = 1.0     # how long a timed-out worker waits for the others to say where they are
+_EXIT_GRACE_SECONDS = 1.0  # a failed worker's notice reaches peers between steps meanwhile
+_RECENT = 6               # collectives each worker remembers (its flight recorder)
 _world = []
 
 
@@ -27,6 +41,134 @@ def world() -> Group:
     if not _world:
         _world.append(Group())
     return _world[0]
+
+
+# ---------------------------------------------------------------- JSON with raw arrays
+def encode(obj) -> bytes:
+    """`obj` (JSON values, tuples as lists, numpy arrays anywhere inside) as bytes: an
+    8-byte length, the JSON text, then each array's raw bytes. Decoding runs no code."""
+    import numpy as np
+
+    buffers = []
+
+    def plain(value):
+        if isinstance(value, np.ndarray):
+            buffers.append(np.ascontiguousarray(value).tobytes())
+            return {"__array__": len(buffers) - 1, "dtype": value.dtype.str,
+                    "shape": list(value.shape)}
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    text = json.dumps(plain(obj)).encode()
+    return len(text).to_bytes(8, "little") + text + b"".join(buffers)
+
+
+def decode(data: bytes):
+    """The inverse of `encode` (tuples come back as lists)."""
+    import numpy as np
+
+    size = int.from_bytes(data[:8], "little")
+    tree = json.loads(data[8:8 + size].decode())
+    at = 8 + size
+
+    def build(value):
+        nonlocal at
+        if isinstance(value, dict) and "__array__" in value:
+            dtype = np.dtype(value["dtype"])
+            count = int(np.prod(value["shape"], dtype=np.int64)) * dtype.itemsize
+            array = np.frombuffer(data[at:at + count], dtype).reshape(value["shape"]).copy()
+            at += count
+            return array
+        if isinstance(value, dict):
+            return {k: build(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [build(v) for v in value]
+        return value
+
+    return build(tree)
+
+
+def _caller_line() -> tuple | None:
+    """(file, line) of the innermost frame outside graphdist on this thread, or None (a
+    device thread's collective has no user frame). Formatted only when reported."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    frame = sys._getframe(2)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None and frame.f_code.co_filename.startswith((package, "<graphdist")):
+        frame = frame.f_back
+    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
+
+
+def _line_text(where) -> str:
+    import linecache
+
+    if not where:
+        return "no user line (a device thread)"
+    filename, lineno = where
+    return f"{os.path.basename(filename)}:{lineno}  {linecache.getline(filename, lineno).strip()}"
+
+
+# ---------------------------------------------------------------- failing loudly
+_exit_calls: list = []
+
+
+def install_failure_hooks(group: Group) -> None:
+    """Make any failure of this process reach the others at once: an uncaught exception
+    (sys.excepthook) or a non-zero exit (sys.exit, seen at interpreter exit) sends the abort
+    notice, and the process then leaves through `Group.leave`. A worker that raised a
+    peer's WorkerError leaves the same way, so no process waits in MPI_Finalize for a
+    hung one. A clean exit finalizes as usual. Installed once, by the first multi-worker
+    strategy."""
+    if getattr(sys.excepthook, "graphdist_group", None) is group:
+        return
+    previous_hook, previous_exit = sys.excepthook, sys.exit
+
+    def excepthook(kind, error, tb):
+        group.abort(error)
+        if group.failed is None:
+            group.failed = f"{kind.__name__}: {error}".splitlines()[0]
+        previous_hook(kind, error, tb)
+        group.leave(1, group.failed)
+
+    def exit(status=None):
+        _exit_calls.append(status)
+        previous_exit(status)
+
+    def at_exit():
+        status = _exit_calls[-1] if _exit_calls else None
+        code = status if isinstance(status, int) else (0 if status is None else 1)
+        if code == 0 and group.failed is None:
+            _report_to_launcher(group.rank, 0, "")
+            return
+        if code != 0:
+            group.abort(f"SystemExit: exited with status {code}"
+                        + (f": {status}" if isinstance(status, str) else ""))
+        group.leave(code or 1, group.failed)
+
+    excepthook.graphdist_group = group
+    sys.excepthook, sys.exit = excepthook, exit
+    import atexit
+
+    atexit.register(at_exit)
+
+
+def _report_to_launcher(rank: int, status: int, error_line: str) -> None:
+    """`graphdist launch` prints one line per rank from these files (its
+    GRAPHDIST_LAUNCH_STATUS folder); a rank killed before it could write has none."""
+    folder = os.environ.get("GRAPHDIST_LAUNCH_STATUS")
+    if not folder:
+        return
+    try:
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "status": status, "error": error_line}, f)
+    except OSError:
+        pass          # the report is a courtesy; the exit status still tells
 
 
 class Group:
@@ -46,6 +188,10 @@ class Group:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._sent: list = []
+        self.failed = None        # the first line of this worker's failure, once it has one
+        self._announced = False   # whether this worker sent its own abort notice
+        self.recent = collections.deque(maxlen=_RECENT)    # the flight recorder
+        self._calls = 0
         # the workers on this host share its cores (BLAS and kernel threads per worker)
         host = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
         self.on_this_host = host.Get_size()
@@ -78,43 +224,79 @@ class Group:
             self._wait(self.comm.Ibarrier(), what)
 
     def bcast_object(self, obj, root: int = 0, what: str = "a broadcast"):
-        """A picklable object from `root` on every worker (set-up values, file names)."""
+        """`obj` from `root` on every worker (set-up values, file names): JSON values and
+        numpy arrays (see `encode`; tuples arrive as lists), never a pickle."""
         if self.size == 1:
             return obj
-        import pickle
-
         import numpy as np
 
-        size = np.array([len(pickle.dumps(obj)) if self.rank == root else 0], np.int64)
+        data = encode(obj) if self.rank == root else b""
+        size = np.array([len(data)], np.int64)
         self.bcast(size, root, what)
-        data = np.frombuffer(pickle.dumps(obj), np.uint8).copy() if self.rank == root \
+        buf = np.frombuffer(data, np.uint8).copy() if self.rank == root \
             else np.empty(int(size[0]), np.uint8)
-        self.bcast(data, root, what)
-        return obj if self.rank == root else pickle.loads(data.tobytes())
+        self.bcast(buf, root, what)
+        return obj if self.rank == root else decode(buf.tobytes())
 
     # ------------------------------------------------------------ failures
-    def abort(self, error: BaseException) -> None:
-        """Tell every other worker that this one failed, and why (they raise WorkerError)."""
-        if self.size == 1 or isinstance(error, WorkerError):
+    def abort(self, error: BaseException | str) -> None:
+        """Tell every other worker that this one failed, and why (they raise WorkerError).
+        Once per worker; a WorkerError (another's failure, already announced) is not sent."""
+        if isinstance(error, WorkerError) or self.failed is not None:
             return
-        text = f"{type(error).__name__}: {error}"[:2000]
-        self._sent += [self.notices.isend(text, dest=r, tag=_ABORT_TAG)
-                       for r in range(self.size) if r != self.rank]
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.failed = text.splitlines()[0] if text else "failed"
+        self._announced = True
+        self._notify({"kind": "abort", "error": text[:2000]})
+
+    def _notify(self, notice: dict, ranks=None) -> None:
+        import numpy as np
+
+        if self.size == 1:
+            return
+        data = np.frombuffer(json.dumps({**notice, "rank": self.rank}).encode(), np.uint8)
+        self._sent += [(data, self.notices.Isend(data, dest=r, tag=_NOTICE_TAG))
+                       for r in (ranks if ranks is not None else range(self.size))
+                       if r != self.rank]
+
+    def _next_notice(self) -> dict | None:
+        import numpy as np
+
+        status = self.MPI.Status()
+        if not self.notices.Iprobe(source=self.MPI.ANY_SOURCE, tag=_NOTICE_TAG, status=status):
+            return None
+        buf = np.empty(status.Get_count(self.MPI.BYTE), np.uint8)
+        self.notices.Recv(buf, source=status.Get_source(), tag=_NOTICE_TAG)
+        return json.loads(buf.tobytes().decode())
 
     def _check_notices(self, what: str) -> None:
-        status = self.MPI.Status()
-        if self.notices.Iprobe(source=self.MPI.ANY_SOURCE, tag=_ABORT_TAG, status=status):
-            text = self.notices.recv(source=status.Get_source(), tag=_ABORT_TAG)
-            raise WorkerError(f"worker {status.Get_source()} failed while worker {self.rank} "
-                              f"waited in {what}: {text}")
+        """Raise WorkerError for a peer's abort notice; answer a timed-out peer's question
+        (where is this worker?) and go on waiting."""
+        while (notice := self._next_notice()) is not None:
+            if notice["kind"] == "abort":
+                self._fail(WorkerError(f"worker {notice['rank']} failed while worker "
+                                       f"{self.rank} waited in {what}: {notice['error']}"))
+            if notice["kind"] == "where":
+                self._notify({"kind": "here", "recent": self._recorded()}, [notice["rank"]])
+
+    def _fail(self, error: WorkerError):
+        if self.failed is None:
+            self.failed = str(error).splitlines()[0]
+        raise error
+
+    def _recorded(self) -> list:
+        return [{**entry, "line": _line_text(entry["line"])} for entry in self.recent]
 
     def _wait(self, request, what: str) -> None:
         """Wait for `request` as a blocking MPI call would, by polling it: MPICH makes
         progress on a collective only inside such calls, so a sleep between polls would
         stall every round of a large all-reduce. Every millisecond it also looks for a
-        peer's abort notice and the timeout; after 50 ms (a peer is late) it polls less
+        peer's notice and the timeout; after 50 ms (a peer is late) it polls less
         eagerly, leaving the core to other work. With more workers than cores it yields
-        the core after every poll."""
+        the core after every poll. The collective goes into the flight recorder."""
+        self._calls += 1
+        entry = {"call": self._calls, "what": what, "line": _caller_line(), "done": False}
+        self.recent.append(entry)
         timeout = config.collective_timeout()
         start = time.perf_counter()
         check = start + 1e-3
@@ -127,12 +309,61 @@ class Group:
                 continue
             self._check_notices(what)
             if now - start > timeout:
-                raise WorkerError(f"worker {self.rank}: timed out after {timeout:g} s in {what} "
-                                  "(a worker died or stopped calling the step; "
-                                  "gd.config.set_collective_timeout to change)")
+                self._fail(self._timed_out(timeout, what))
             check = now + 1e-3
             if now - start > 0.05:
                 time.sleep(1e-4)
+        entry["done"] = True
+
+    def _timed_out(self, timeout: float, what: str) -> WorkerError:
+        """The timeout's error: each rank's collective and line, from the answers of those
+        still waiting in one (asked now) and this worker's flight recorder."""
+        self._notify({"kind": "where"})
+        answers = {self.rank: self._recorded()}
+        until = time.perf_counter() + _ANSWER_SECONDS
+        while len(answers) < self.size and time.perf_counter() < until:
+            notice = self._next_notice()
+            if notice is None:
+                time.sleep(1e-3)
+            elif notice["kind"] == "here":
+                answers[notice["rank"]] = notice["recent"]
+            elif notice["kind"] == "abort":
+                return WorkerError(f"worker {notice['rank']} failed while worker {self.rank} "
+                                   f"waited in {what}: {notice['error']}")
+        mine = answers[self.rank][-1]
+        arrived = sorted(r for r, recent in answers.items() if recent and not recent[-1]["done"]
+                         and recent[-1]["call"] == mine["call"]
+                         and recent[-1]["what"] == mine["what"])
+        lines = [f"worker {self.rank}: timed out after {timeout:g} s in {what} (call "
+                 f"{mine['call']}, at {mine['line']}); ranks that had arrived: {arrived}; "
+                 "gd.config.set_collective_timeout to change"]
+        for rank in range(self.size):
+            recent = answers.get(rank)
+            if recent is None:
+                lines.append(f"  worker {rank}: no answer in {_ANSWER_SECONDS:g} s: hung, "
+                             "dead, or busy outside any collective")
+                continue
+            state = "waiting in" if recent and not recent[-1]["done"] else "last finished"
+            last = recent[-1] if recent else None
+            lines.append(f"  worker {rank}: {state} " + (f"call {last['call']}, {last['what']} "
+                         f"at {last['line']}" if last else "no collective yet"))
+            lines += [f"    recent: call {e['call']}, {e['what']} at {e['line']}"
+                      f"{'' if e['done'] else ' (not finished)'}" for e in recent[:-1]]
+        return WorkerError("\n".join(lines))
+
+    # ------------------------------------------------------------ leaving
+    def leave(self, status: int, error_line: str) -> None:
+        """A failed worker's way out: report to the launcher, give the others a moment to
+        receive its notice, then MPI Abort (never MPI_Finalize, which waits for hung peers)."""
+        _report_to_launcher(self.rank, status, error_line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        deadline = time.perf_counter() + _EXIT_GRACE_SECONDS
+        while time.perf_counter() < deadline and not all(r.Test() for _, r in self._sent):
+            time.sleep(1e-3)
+        if self._announced:         # it failed first: peers between steps need a moment
+            time.sleep(max(0.0, deadline - time.perf_counter()))
+        self.MPI.COMM_WORLD.Abort(status or 1)
 
     def allgather_bytes(self, data: bytes, what: str = "an all-gather of bytes") -> list:
         """Every worker's `data` (of any length), in rank order: the lengths first, then

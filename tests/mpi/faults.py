@@ -1,0 +1,52 @@
+"""Run under `mpiexec -n 2` or `graphdist launch -n 2`: worker 1 fails outside a step
+(argv[2]: "between" raises, "exit" calls sys.exit(3), "hang" sleeps far past the 3 s
+collective timeout) after one good step; worker 0 goes on stepping and must raise
+gd.WorkerError naming it. Each worker writes what it saw to argv[1]/rank{r}.json; worker
+1 writes when it failed (wall clock), so the test can measure detection time."""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import graphdist as gd
+
+out_dir, kind = sys.argv[1], sys.argv[2]
+gd.config.set_collective_timeout(3.0 if kind == "hang" else 20.0)
+strategy = gd.MultiWorkerMirroredStrategy(["cpu:0"])
+rank = strategy.worker_index
+with strategy.scope():
+    w = gd.Variable(np.ones((4, 3), np.float32))
+    opt = gd.optimizers.SGD(0.1)
+
+
+def replica_fn(x, y):
+    with gd.GradientTape() as tape:
+        loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, x @ w))
+    opt.apply_gradients([(tape.gradient(loss, w), w)])
+
+
+def write(report):
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+step = gd.function(lambda x, y: strategy.run(replica_fn, args=(x, y)))
+x, y = np.ones((4, 4), np.float32), np.zeros(4, np.int32)
+step(x, y)
+if rank == 1:
+    write({"failed_at": time.time()})
+    if kind == "between":
+        raise ValueError("worker one broke between steps")
+    if kind == "exit":
+        sys.exit(3)
+    time.sleep(600)
+try:
+    for _ in range(3):
+        step(x, y)
+    write({"raised": None})
+except gd.WorkerError as e:
+    write({"raised": type(e).__name__, "message": str(e), "at": time.time()})
+    raise

@@ -1,0 +1,198 @@
+"""Failures of multi-worker jobs, under `graphdist launch -n 2` and `mpiexec -n 2`: a worker
+that fails outside a step (an exception, sys.exit, a hang) is named on the other, every
+process exits, the launcher says why per rank; `--restarts` survives a killed worker;
+Checkpoint.latest; the ranks' traffic on loopback and no pickles between ranks. Every
+subprocess has a hard timeout, so a hang fails the test instead of stalling the suite."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from graphdist.device import mpi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAULTS = os.path.join(HERE, "mpi", "faults.py")
+RESTART = os.path.join(HERE, "mpi", "restart.py")
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+if not os.path.exists(MPIEXEC):
+    MPIEXEC = shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
+    reason="the mpi extra (mpi4py and mpich) is not installed: pip install 'graphdist[mpi]'")
+LAUNCH = [sys.executable, "-m", "graphdist", "launch", "-n", "2"]
+
+
+def _run(command, timeout=60):
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    return done, time.perf_counter() - start
+
+
+def _reports(out_dir):
+    reports = {}
+    for rank in (0, 1):
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            reports[rank] = json.load(f)
+    return reports
+
+
+def _launcher_lines(stderr: str) -> dict:
+    return dict(re.findall(r"^graphdist launch: worker (\d+): (.*)$", stderr, re.M))
+
+
+# ---------------------------------------------------------------- failures named
+@needs_mpi
+@pytest.mark.parametrize("kind, says", [("between", "ValueError: worker one broke between steps"),
+                                        ("exit", "exited with status 3")])
+def test_a_failure_outside_a_step_is_named_on_the_other_worker_and_by_the_launcher(
+        tmp_path, kind, says):
+    done, _ = _run([*LAUNCH, FAULTS, str(tmp_path), kind])
+    reports = _reports(tmp_path)
+    assert done.returncode != 0, done.stderr
+    assert reports[0]["raised"] == "WorkerError", done.stderr
+    assert "worker 1 failed" in reports[0]["message"] and says in reports[0]["message"]
+    detection = reports[0]["at"] - reports[1]["failed_at"]     # about 5 ms when measured
+    assert 0 <= detection < 10, detection
+    lines = _launcher_lines(done.stderr)
+    assert set(lines) == {"0", "1"}, done.stderr
+    assert "worker 1 failed" in lines["0"] and says in lines["1"]
+
+
+@needs_mpi
+def test_under_mpiexec_too_the_other_worker_names_the_failure_and_the_job_exits(tmp_path):
+    done, _ = _run([MPIEXEC, "-n", "2", sys.executable, FAULTS, str(tmp_path), "between"])
+    reports = _reports(tmp_path)
+    assert done.returncode != 0
+    assert reports[0]["raised"] == "WorkerError"
+    assert "worker 1 failed" in reports[0]["message"]
+    assert "worker one broke between steps" in reports[0]["message"]
+
+
+@needs_mpi
+def test_a_hung_worker_is_named_at_the_timeout_and_the_launch_exits(tmp_path):
+    done, seconds = _run([*LAUNCH, FAULTS, str(tmp_path), "hang"])     # timeout 3 s inside
+    assert done.returncode != 0
+    assert seconds < 3 + 15, seconds          # no hang in MPI_Finalize (about 5.5 s measured)
+    message = _reports(tmp_path)[0]["message"]
+    assert "worker 0: timed out after 3 s in the check of the workers' collective " \
+           "schedules" in message
+    assert "at faults.py:" in message and "step(x, y)" in message      # the user's line
+    assert "ranks that had arrived: [0]" in message
+    assert "worker 1: no answer" in message
+    assert "recent: call" in message                                   # the flight recorder
+    lines = _launcher_lines(done.stderr)
+    assert "timed out" in lines["0"] and "no report" in lines["1"]
+
+
+# ---------------------------------------------------------------- restarts
+@needs_mpi
+def test_launch_restarts_a_job_whose_worker_was_killed_and_it_ends_as_an_uninterrupted_run(
+        tmp_path):
+    runs = {}
+    for name, extra, restarts in (("killed", ["kill"], ["--restarts", "1"]),
+                                  ("whole", [], [])):
+        out, ckpts = tmp_path / name, tmp_path / name / "checkpoints"
+        ckpts.mkdir(parents=True)
+        done, _ = _run([*LAUNCH, *restarts, RESTART, str(out), str(ckpts), *extra])
+        assert done.returncode == 0, done.stderr
+        runs[name] = (np.load(out / "final.npz"), done.stderr)
+    killed, whole = runs["killed"][0], runs["whole"][0]
+    assert int(killed["attempt"]) == 1 and int(killed["resumed_from"]) == 4
+    assert "restarting the job" in runs["killed"][1]
+    assert int(whole["attempt"]) == 0 and int(whole["resumed_from"]) == 0
+    np.testing.assert_array_equal(killed["w"], whole["w"])
+    assert not np.array_equal(whole["w"], np.linspace(-1, 1, 12, dtype=np.float32)
+                              .reshape(4, 3))        # it trained
+
+
+def test_checkpoint_latest_picks_the_newest_whole_file_by_step_number(tmp_path):
+    assert gd.Checkpoint.latest(tmp_path) is None
+    checkpoint = gd.Checkpoint(w=gd.Variable(np.ones(3, np.float32)))
+    for step in (2, 10, 4):
+        checkpoint.save(tmp_path / f"ckpt-{step}.npz")
+    (tmp_path / ".ckpt-12.npz.host.1.abcd.tmp").write_bytes(b"half")    # a save under way
+    (tmp_path / "ckpt-14.npz").write_bytes(b"not a checkpoint")
+    assert gd.Checkpoint.latest(tmp_path) == os.path.join(tmp_path, "ckpt-10.npz")
+
+
+def test_checkpoint_latest_without_step_numbers_picks_the_last_written(tmp_path):
+    checkpoint = gd.Checkpoint(w=gd.Variable(np.ones(3, np.float32)))
+    for name, mtime in (("b.npz", 100), ("a.npz", 300), ("c.npz", 200)):
+        checkpoint.save(tmp_path / name)
+        os.utime(tmp_path / name, (mtime, mtime))
+    assert gd.Checkpoint.latest(tmp_path) == os.path.join(tmp_path, "a.npz")
+
+
+# ---------------------------------------------------------------- safer by default
+def test_no_pickle_between_ranks_objects_travel_as_json_and_raw_arrays():
+    with open(mpi.__file__) as f:
+        source = f.read()
+    assert not re.search(r"import pickle|pickle\.(loads?|dumps?)\b", source)
+    # mpi4py's lower-case methods (send, recv, bcast...) pickle; the buffer ones do not
+    assert not re.search(r"(\.comm|\.notices|COMM_WORLD)\.[a-z]\w*\(", source)
+    value = {"file": "ckpt-2.npz", "sizes": (1, 2), "w": np.arange(6, dtype=np.float32)
+             .reshape(2, 3), "none": None}
+    back = mpi.decode(mpi.encode(value))
+    assert back["file"] == "ckpt-2.npz" and back["sizes"] == [1, 2] and back["none"] is None
+    assert back["w"].dtype == np.float32
+    np.testing.assert_array_equal(back["w"], value["w"])
+    assert mpi.decode(mpi.encode(None)) is None
+
+
+LISTENER = """
+import os, sys, time
+import graphdist as gd
+strategy = gd.MultiWorkerMirroredStrategy(["cpu:0"])
+strategy.reduce("sum", 1.0, axis=None)
+open(os.path.join(sys.argv[1], f"ready{strategy.worker_index}"), "w").close()
+time.sleep(3)
+strategy.reduce("sum", 1.0, axis=None)
+"""
+
+
+@needs_mpi
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2) to list sockets")
+def test_a_local_launch_keeps_the_ranks_sockets_on_loopback(tmp_path):
+    script = tmp_path / "listener.py"
+    script.write_text(LISTENER)
+    job = subprocess.Popen([*LAUNCH, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 30
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
+            assert time.time() < deadline and job.poll() is None, "the workers did not start"
+            time.sleep(0.05)
+        ranks = {pid for pid in os.listdir("/proc") if pid.isdigit()
+                 and _cmdline(pid) == f"{sys.executable}\0{script}\0{tmp_path}\0"}
+        assert len(ranks) == 2
+        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True,
+                                   timeout=10).stdout.splitlines()
+        own = [line for line in listening
+               if any(f"pid={pid}," in line for pid in ranks)
+               and "mpiexec" not in line]    # hydra's own control port: see docs/guide.md
+        assert own, listening
+        for line in own:
+            local = line.split()[3]
+            assert local.startswith(("127.", "[::1]")), line
+    finally:
+        job.communicate(timeout=60)
+    assert job.returncode == 0
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""
