@@ -48,7 +48,8 @@ def _reports(out_dir):
 
 
 def _launcher_lines(stderr: str) -> dict:
-    return dict(re.findall(r"^graphdist launch: worker (\d+): (.*)$", stderr, re.M))
+    # not anchored: a rank's last output, relayed by hydra, may end without a newline
+    return dict(re.findall(r"graphdist launch: worker (\d+): (.*)$", stderr, re.M))
 
 
 # ---------------------------------------------------------------- failures named

@@ -124,8 +124,8 @@ def install_failure_hooks(group: Group) -> None:
     notice, and the process then leaves through `Group.leave`. A worker that raised a
     peer's WorkerError leaves the same way, so no process waits in MPI_Finalize for a
     hung one. A clean exit finalizes as usual. Installed once, by the first multi-worker
-    strategy."""
-    if getattr(sys.excepthook, "graphdist_group", None) is group:
+    strategy; not for a lone worker (no one to tell, no one to wait for)."""
+    if group.size == 1 or getattr(sys.excepthook, "graphdist_group", None) is group:
         return
     previous_hook, previous_exit = sys.excepthook, sys.exit
 
@@ -164,9 +164,11 @@ def _report_to_launcher(rank: int, status: int, error_line: str) -> None:
     folder = os.environ.get("GRAPHDIST_LAUNCH_STATUS")
     if not folder:
         return
-    try:
-        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+    path = os.path.join(folder, f"rank{rank}.json")
+    try:          # whole or not at all: the job's teardown may kill this process any time
+        with open(f"{path}.{os.getpid()}.tmp", "w") as f:
             json.dump({"rank": rank, "status": status, "error": error_line}, f)
+        os.replace(f"{path}.{os.getpid()}.tmp", path)
     except OSError:
         pass          # the report is a courtesy; the exit status still tells
 
@@ -190,6 +192,7 @@ class Group:
         self._sent: list = []
         self.failed = None        # the first line of this worker's failure, once it has one
         self._announced = False   # whether this worker sent its own abort notice
+        self._leaving = False
         self.recent = collections.deque(maxlen=_RECENT)    # the flight recorder
         self._calls = 0
         # the workers on this host share its cores (BLAS and kernel threads per worker)
@@ -354,7 +357,12 @@ class Group:
     # ------------------------------------------------------------ leaving
     def leave(self, status: int, error_line: str) -> None:
         """A failed worker's way out: report to the launcher, give the others a moment to
-        receive its notice, then MPI Abort (never MPI_Finalize, which waits for hung peers)."""
+        receive its notice, then MPI Abort (never MPI_Finalize, which waits for hung peers).
+        Once: MPI_Abort may return before the launcher stops this process, and the
+        interpreter's exit would come here again."""
+        if self._leaving:
+            os._exit(status or 1)
+        self._leaving = True
         _report_to_launcher(self.rank, status, error_line)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -364,6 +372,7 @@ class Group:
         if self._announced:         # it failed first: peers between steps need a moment
             time.sleep(max(0.0, deadline - time.perf_counter()))
         self.MPI.COMM_WORLD.Abort(status or 1)
+        os._exit(status or 1)
 
     def allgather_bytes(self, data: bytes, what: str = "an all-gather of bytes") -> list:
         """Every worker's `data` (of any length), in rank order: the lengths first, then
