@@ -129,7 +129,12 @@ def install_failure_hooks(group: Group) -> None:
         return
     previous_hook, previous_exit = sys.excepthook, sys.exit
 
+    # each failing path reports to the launcher before it tells the others: a peer that
+    # hears the notice leaves at once, and the job's teardown may then kill this process
+    # before it gets to leave() (the launcher printed "no report" for it, 1 run in ~10)
     def excepthook(kind, error, tb):
+        _report_to_launcher(group.rank, 1, group.failed
+                            or f"{kind.__name__}: {error}".splitlines()[0])
         group.abort(error)
         if group.failed is None:
             group.failed = f"{kind.__name__}: {error}".splitlines()[0]
@@ -147,8 +152,10 @@ def install_failure_hooks(group: Group) -> None:
             _report_to_launcher(group.rank, 0, "")
             return
         if code != 0:
-            group.abort(f"SystemExit: exited with status {code}"
-                        + (f": {status}" if isinstance(status, str) else ""))
+            notice = (f"SystemExit: exited with status {code}"
+                      + (f": {status}" if isinstance(status, str) else ""))
+            _report_to_launcher(group.rank, code, group.failed or notice)
+            group.abort(notice)
         group.leave(code or 1, group.failed)
 
     excepthook.graphdist_group = group
