@@ -158,6 +158,14 @@ class Checkpoint:
             raise TraceError("Checkpoint.save inside traced code would save trace-time values; "
                              "call it between steps")
         variables, _, optimizers, _ = self._entries()
+        group = _workers(variables.values())
+        if group is not None:
+            # every worker must be here, saving the same variables, before any value moves
+            # (sync-on-read reads below sum across them): one elsewhere, in a step or
+            # another collective, makes every worker raise WorkerError naming both
+            from graphdist.runtime.schedule_check import agree_on_collective
+
+            agree_on_collective(group, "Checkpoint.save", (len(variables),), "variables")
         entries, arrays = {}, {}
         for key, var in variables.items():
             arrays[key] = value = var.numpy()      # mirrored: one copy; sync-on-read: aggregate
@@ -174,7 +182,6 @@ class Checkpoint:
         meta = json.dumps({"format": FORMAT, "version": VERSION, "entries": entries,
                            "optimizers": optimizers})
         arrays[META] = np.frombuffer(meta.encode(), np.uint8)
-        group = _workers(variables.values())
         if group is None:
             write_atomically(os.fspath(path), arrays)
             return path

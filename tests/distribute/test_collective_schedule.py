@@ -83,7 +83,7 @@ def test_a_collective_outside_compiled_code_meeting_a_step_raises_on_both(tmp_pa
         error = report["error"]
         assert error is not None, f"worker {rank} did not raise"
         assert "rank 0: call #1 at schedule.py:" in error
-        assert "checkpoint save of int64(3,)" in error
+        assert "Checkpoint.save of variables(1,)" in error
         assert "rank 1: call #1 at schedule.py:" in error and "step(*batches[1])" in error
         np.testing.assert_array_equal(report["after"], report["before"])
 

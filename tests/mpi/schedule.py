@@ -3,8 +3,8 @@ different collectives. argv: OUT scenario, scenario one of
   extra_reduce  the chief calls one extra strategy.reduce between two steps
   other_step    worker 1's step all-reduces a metric of another width
   agree         both train as training.py does
-  rendezvous    the chief alone enters a collective outside compiled code
-                (agree_on_collective, as a checkpoint rendezvous would) while worker 1 steps
+  rendezvous    the chief alone calls Checkpoint.save (a collective outside compiled
+                code) while worker 1 steps
   timing        seconds per cached MLP step (GRAPHDIST_SCHEDULE_CHECK=first: the header
                 exchanged at the first call only), for the report, not the tests
 Each worker writes what it saw to OUT/rank<r>.json."""
@@ -71,14 +71,12 @@ elif scenario == "other_step":
     report["error"] = attempt(lambda: step(*batches[0]))
     report["after"] = w.numpy().tolist()
 elif scenario == "rendezvous":
-    from graphdist.runtime.schedule_check import agree_on_collective
-
     w, step, batches = mlp_step(2)
     step(*batches[0])          # traced on both (its trace agrees on the variables)
     report["before"] = w.numpy().tolist()
     if rank == 0:
-        report["error"] = attempt(lambda: agree_on_collective(
-            strategy._group, "checkpoint save", (3,), "int64"))
+        ckpt = gd.Checkpoint(w=w)
+        report["error"] = attempt(lambda: ckpt.save(os.path.join(out_dir, "ckpt")))
     else:
         report["error"] = attempt(lambda: step(*batches[1]))
     report["after"] = w.numpy().tolist()
