@@ -6,7 +6,6 @@ subprocess has a hard timeout, so a hang fails the test instead of stalling the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -24,12 +23,7 @@ from graphdist.device import mpi
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAULTS = os.path.join(HERE, "mpi", "faults.py")
 RESTART = os.path.join(HERE, "mpi", "restart.py")
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-if not os.path.exists(MPIEXEC):
-    MPIEXEC = shutil.which("mpiexec")
-needs_mpi = pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
-    reason="the mpi extra (mpi4py and mpich) is not installed: pip install 'graphdist[mpi]'")
+from mpi_launch import MPIEXEC, needs_mpi  # noqa: E402
 LAUNCH = [sys.executable, "-m", "graphdist", "launch", "-n", "2"]
 
 

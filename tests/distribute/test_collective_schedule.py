@@ -5,10 +5,8 @@ schedule, in this process."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -24,12 +22,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: m
 sys.path.insert(0, os.path.join(HERE, "mpi"))
 from training import train  # noqa: E402
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-if not os.path.exists(MPIEXEC):
-    MPIEXEC = shutil.which("mpiexec")
-needs_mpi = pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
-    reason="the mpi extra (mpi4py and mpich) is not installed: pip install 'graphdist[mpi]'")
+from mpi_launch import MPIEXEC, needs_mpi  # noqa: E402
 
 
 def _two_workers(scenario: str, out_dir: str) -> list[dict]:

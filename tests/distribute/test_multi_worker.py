@@ -4,10 +4,8 @@ The workers run tests/mpi/worker_checks.py and worker_fails.py and report as JSO
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -20,12 +18,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: m
 sys.path.insert(0, os.path.join(HERE, "mpi"))
 from training import train  # noqa: E402
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-if not os.path.exists(MPIEXEC):
-    MPIEXEC = shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
-    reason="the mpi extra (mpi4py and mpich) is not installed: pip install 'graphdist[mpi]'")
+from mpi_launch import MPIEXEC, needs_mpi  # noqa: E402
+pytestmark = needs_mpi
 
 
 def _run(command, out_dir, timeout=120):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -17,12 +16,7 @@ import pytest
 import graphdist as gd
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: mpi/ scripts
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-if not os.path.exists(MPIEXEC):
-    MPIEXEC = shutil.which("mpiexec")
-needs_mpi = pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
-    reason="the mpi extra (mpi4py and mpich) is not installed: pip install 'graphdist[mpi]'")
+from mpi_launch import MPIEXEC, needs_mpi  # noqa: E402
 
 
 def _launch(scenario, out_dir):
