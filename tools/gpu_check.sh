@@ -15,6 +15,14 @@ if ! $PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1; 
   export PYTHONPATH="$LAYOUT:$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
   echo "gpu_check: editable install failed; running graphdist from $LAYOUT"
 fi
-$PY -c "import graphdist as gd; print('devices:', gd.devices())"
-$PY -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu
-if [ -n "$OUT" ]; then BENCH_OUT="$OUT" $PY -m bench.gpu; else $PY -m bench.gpu; fi
+set +e
+# Each part runs even when the one before failed, under its own time limit, so one
+# unattended run reports all of them; the exit status says whether any failed.
+nvidia-smi -L 2>/dev/null
+$PY -c "import numpy, numba, cupy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'cupy', cupy.__version__)"
+$PY -c "import graphdist as gd; print('devices:', gd.devices())"; status=$?
+timeout ${GPU_TEST_LIMIT:-300} $PY -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu || status=1
+if [ -n "$OUT" ]; then export BENCH_OUT="$OUT"; fi
+timeout ${GPU_BENCH_LIMIT:-200} $PY -m bench.gpu || status=1
+echo "gpu_check: exit $status"
+exit $status

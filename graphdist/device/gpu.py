@@ -117,7 +117,7 @@ class GpuBackend(GpuKind):
     def copy_in(self, dst, src) -> None:
         with self.cuda_device, self.stream:
             if isinstance(src, (np.ndarray, np.generic)):
-                dst.set(np.ascontiguousarray(src, dtype=dst.dtype), stream=self.stream)
+                dst.set(np.require(src, dst.dtype, "C"), stream=self.stream)   # 0-d stays 0-d
             else:
                 dst[...] = src
         self.stream.synchronize()   # `src` may be a host buffer the caller reuses at once

@@ -57,10 +57,10 @@ def digest(array) -> str:
     """A checksum of an array's bytes, dtype and shape (bit-identical arrays only match)."""
     import numpy as np
 
-    array = np.ascontiguousarray(array)
+    array = np.require(array, requirements="C")      # (ascontiguousarray makes 0-d 1-d)
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{array.dtype.str}{array.shape}".encode())
-    h.update(array.view(np.uint8).reshape(-1).data if array.size else b"")
+    h.update(array.reshape(-1).view(np.uint8).data if array.size else b"")
     return h.hexdigest()
 
 

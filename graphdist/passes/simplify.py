@@ -85,5 +85,5 @@ def _fold(eqn, value_of) -> tuple:
 def _constant_eqn(v: Var, x: np.ndarray):
     from graphdist.ir import Eqn
 
-    return Eqn(array.constant_p, (), (v,), (("value", Const(np.ascontiguousarray(x))),),
+    return Eqn(array.constant_p, (), (v,), (("value", Const(np.require(x, requirements="C"))),),
                device=v.device)

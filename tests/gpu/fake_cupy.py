@@ -203,6 +203,9 @@ class ndarray(np.ndarray):
 
     def set(self, arr, stream=None) -> None:
         _touch([], [self])
+        if np.shape(arr) != self.shape:         # CuPy's set neither broadcasts nor reshapes
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: "
+                             f"{np.shape(arr)}")
         np.copyto(self.view(np.ndarray), arr)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
