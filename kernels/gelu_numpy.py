@@ -33,6 +33,24 @@ ERF_Q = tuple(np.float32(c) for c in (
 EXP_TAYLOR = tuple(np.float32(1 / math.factorial(k)) for k in range(10, -1, -1))
 HALF, ONE = np.float32(0.5), np.float32(1.0)
 RSQRT2_32, RSQRT2PI_32 = np.float32(_RSQRT2), np.float32(_RSQRT2PI)
+
+# Eigen's generic_fast_tanh_float (what TF and XLA run for tanh on the CPU): odd numerator,
+# even denominator, on [-TANH_CLAMP, TANH_CLAMP], where it reaches +-1 in float32
+TANH_P = tuple(np.float32(c) for c in (
+    -2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+    5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+    4.89352455891786e-03))
+TANH_Q = tuple(np.float32(c) for c in (
+    1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+    4.89352518554385e-03))
+TANH_CLAMP = np.float32(7.90531110763549805)
+# the tanh form: u = x (C + CK x^2), u' = C + C3K x^2 (C = sqrt(2/pi), K = 0.044715)
+_C_TANH, _K_TANH = math.sqrt(2.0 / math.pi), 0.044715
+C_32, CK_32 = np.float32(_C_TANH), np.float32(_C_TANH * _K_TANH)
+C3K_32 = np.float32(3.0 * _C_TANH * _K_TANH)
+# x^2 in u' is capped here: from |x| = 4.84 the rational tanh is exactly +-1, so 1 - t^2 is 0,
+# and the cap keeps u' finite (x^2 overflows from |x| = 1.8e19: 0 * inf would be NaN)
+SLOPE_X2_MAX = np.float32(64.0)
 CHUNK = 1 << 14     # elements per pass of the twins
 
 
@@ -63,6 +81,50 @@ def exp_nonpositive32(t):
     for _ in range(4):
         p *= p
     return p
+
+
+def tanh32(u):
+    """gelu._tanh32 on a float32 array (a new array)."""
+    x = np.minimum(np.maximum(u, -TANH_CLAMP), TANH_CLAMP)
+    x2 = x * x
+    p = _horner(x2, TANH_P)
+    q = _horner(x2, TANH_Q)
+    p *= x
+    p /= q
+    return p
+
+
+def _tanh_form32(x):
+    """(tanh(u), x^2) with u = x (C + CK x^2): the kernels' order of operations."""
+    x2 = x * x
+    u = x2 * CK_32
+    u += C_32
+    u *= x
+    return tanh32(u), x2
+
+
+def gelu_tanh32(x, out):
+    """out = gelu._gelu_tanh32(x) (out may be x)."""
+    t, _ = _tanh_form32(x)
+    t += ONE
+    np.multiply(x, HALF, out=out)
+    out *= t
+
+
+def gelu_tanh_grad32(ct, x, out):
+    """out = gelu._gelu_tanh_grad32(ct, x) (out may be ct or x)."""
+    t, x2 = _tanh_form32(x)
+    du = np.minimum(x2, SLOPE_X2_MAX)
+    du *= C3K_32
+    du += C_32
+    slope = t * t                      # 0.5 x (1 - t^2) u'
+    np.subtract(ONE, slope, out=slope)
+    slope *= x * HALF
+    slope *= du
+    t += ONE
+    t *= HALF                          # 0.5 (1 + t)
+    t += slope
+    np.multiply(ct, t, out=out)
 
 
 def _one_plus_erf32(x):
@@ -111,6 +173,34 @@ def gelu_grad64(ct, x, out):
     np.multiply(ct, e, out=out)
 
 
+_C_TANH64, _K_TANH64 = _C_TANH, _K_TANH
+
+
+def _tanh64(x):
+    """tanh(C x (1 + K x^2)) by the C library's tanh, as gelu._gelu1 computes it."""
+    u = (_C_TANH64 * x) * (1.0 + (_K_TANH64 * x) * x)
+    return _math(math.tanh)(u).astype(np.float64)
+
+
+def gelu_tanh64(x, out):
+    """out = gelu._gelu(x, approximate=True) on float64 (out may be x)."""
+    t = _tanh64(x)
+    t += 1.0
+    np.multiply(0.5 * x, t, out=out)
+
+
+def gelu_tanh_grad64(ct, x, out):
+    """out = gelu._gelu_grad(ct, x, approximate=True) on float64 (out may be ct or x)."""
+    t = _tanh64(x)
+    du = 1.0 + ((3.0 * _K_TANH64) * x) * x
+    slope = ((0.5 * x) * (1.0 - t * t)) * _C_TANH64
+    slope *= du
+    t += 1.0
+    t *= 0.5
+    t += slope
+    np.multiply(ct, t, out=out)
+
+
 def runs(*arrays) -> bool:
     """Whether gelu.py's kernels take these arrays (else the op's reference runs)."""
     first = arrays[0]
@@ -127,18 +217,24 @@ def _by_chunks(fn, *arrays):
             fn(*(a[start:start + CHUNK] for a in flat))
 
 
-def gelu_cpu(x, out) -> bool:
-    """out = gelu.gelu_cpu(x, out, False), bit for bit; False (doing nothing) where that
-    kernel would refuse."""
+_FORMS = {(np.dtype(np.float32), False): (gelu32, gelu_grad32),
+          (np.dtype(np.float32), True): (gelu_tanh32, gelu_tanh_grad32),
+          (np.dtype(np.float64), False): (gelu64, gelu_grad64),
+          (np.dtype(np.float64), True): (gelu_tanh64, gelu_tanh_grad64)}
+
+
+def gelu_cpu(x, out, approximate=False) -> bool:
+    """out = gelu.gelu_cpu(x, out, approximate), bit for bit; False (doing nothing) where
+    that kernel would refuse."""
     if not runs(x, out):
         return False
-    _by_chunks(gelu32 if x.dtype == np.float32 else gelu64, x, out)
+    _by_chunks(_FORMS[x.dtype, bool(approximate)][0], x, out)
     return True
 
 
-def gelu_grad_cpu(ct, x, out) -> bool:
-    """out = gelu.gelu_grad_cpu(ct, x, out, False), bit for bit, as gelu_cpu."""
+def gelu_grad_cpu(ct, x, out, approximate=False) -> bool:
+    """out = gelu.gelu_grad_cpu(ct, x, out, approximate), bit for bit, as gelu_cpu."""
     if not runs(ct, x, out):
         return False
-    _by_chunks(gelu_grad32 if x.dtype == np.float32 else gelu_grad64, ct, x, out)
+    _by_chunks(_FORMS[x.dtype, bool(approximate)][1], ct, x, out)
     return True

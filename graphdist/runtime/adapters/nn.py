@@ -79,19 +79,19 @@ def conv2d_backprop_input_cpu(dx, dy, f, **params):
 
 
 def _gelu_forms(module: str) -> tuple:
-    """gelu and gelu_grad through `module`'s exact forms: kernels/gelu.py's Numba kernels
-    (float32 with a vectorized rational erf, 0.2 ms for 32x64x512 on 2 cores; float64 with
-    the C library's erfc, 5 ms; numpy's reference, erfc from array passes: 62 ms) or
-    kernels/gelu_numpy.py's twins, which give their bits with nothing to load. The tanh
-    form, and operands they refuse, run the op's numpy impl (6 ms against 8 ms)."""
+    """gelu and gelu_grad, both forms, through `module`: kernels/gelu.py's Numba kernels
+    (float32 with a vectorized rational erf or tanh: 0.2-0.3 ms for 2048x512 on 2 cores;
+    float64 with the C library's erfc or tanh, 5 ms; numpy's reference, erfc from array
+    passes: 62 ms) or kernels/gelu_numpy.py's twins, which give their bits with nothing to
+    load. Operands they refuse run the op's numpy impl."""
     def gelu(out, x, *, approximate):
         forms = importlib.import_module(f"graphdist.kernels.{module}")
-        if approximate or not forms.gelu_cpu(x, out):
+        if not forms.gelu_cpu(x, out, approximate):
             _op("gelu").out_impl(np, out, x, approximate=approximate)
 
     def gelu_grad(out, ct, x, *, approximate):
         forms = importlib.import_module(f"graphdist.kernels.{module}")
-        if approximate or not forms.gelu_grad_cpu(ct, x, out):
+        if not forms.gelu_grad_cpu(ct, x, out, approximate):
             _op("gelu_grad").out_impl(np, out, ct, x, approximate=approximate)
 
     return gelu, gelu_grad
