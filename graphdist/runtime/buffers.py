@@ -178,6 +178,8 @@ class _Planner:
             return EqnForm("ufunc", **forms)
         if big and out_impl is not None:
             return EqnForm("out", **forms)
+        if listed and not more and not op.view:   # returned or small: its kernel all the
+            return EqnForm("out", **forms)         # same, into a fresh array
         if more and (kernel is not None or out_impl is not None and not op.elementwise
                      and (listed or all(v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs))):
             return EqnForm("outs", **forms)
@@ -197,6 +199,9 @@ class _Planner:
             self.bind(eqn.outputs[0], Place("arena", self.packed[eqn][0]))
         elif kind == "inplace":
             self.place_inplace(i, eqn)
+        elif kind == "out" and not self.arena_worthy(eqn.outputs[0]):
+            self.places[eqn.outputs[0]] = Place("fresh")
+            self.fresh.setdefault(eqn.outputs[0], []).append(eqn.outputs[0])
         elif kind in ("ufunc", "out"):
             self.bind(eqn.outputs[0], self.buffer_for(eqn, i, eqn.outputs[0]))
         elif kind == "outs":
@@ -214,6 +219,10 @@ class _Planner:
                 r = self.root(v)
                 if r is v or r in self.fresh:
                     self.fresh.setdefault(r, []).append(v)
+
+    def arena_worthy(self, out: Var) -> bool:
+        """A value big enough for an arena buffer that the program keeps (not returned)."""
+        return out.ty.nbytes >= ARENA_MIN_BYTES and out not in self.returned
 
     def bind(self, out: Var, place: Place) -> None:
         self.places[out] = place

@@ -141,7 +141,9 @@ class Emitter:
         elif form.kind == "out":
             if form.out_kernel is not None:
                 self.note_kernel(form.out_kernel, params, warmup.OUT, eqn)
-            buf = self.place_name(self.plan.places[eqn.outputs[0]])
+            place = self.plan.places[eqn.outputs[0]]
+            buf = (self.fresh_buffer(eqn.outputs[0]) if place.kind == "fresh"
+                   else self.place_name(place))
             fn = self.glob("O", functools.partial(form.out_impl, **params))
             self.emit(f"{fn}({buf}{', ' if args else ''}{args})", eqn)
             self.name[eqn.outputs[0]] = buf
