@@ -5,10 +5,9 @@ or the float64 AdamHyper vector a compiled step makes (`hyper`: on the device fo
 
 Multi-tensor form. CPU: one njit(parallel) call takes typed Lists of flat views and pranges over
 a (tensor, start, stop) table of 64K-element chunks, so tiny and huge tensors share the threads.
-GPU: a numba kernel cannot index a list of arrays, and a device-pointer table would need raw
-pointer intrinsics that the simulator cannot run, so adam_multi_gpu passes tuples of up to 16
-tensors (padded to 4, 8 or 16) and launches a 2-D grid: block row t updates tensor t with a
-stride loop. One launch per 16 tensors, on the caller's stream.
+GPU: one launch per call, on the caller's stream, over a device table of the tensors'
+addresses and a table of (tensor, start, stop) chunks, one block per chunk (common.gpu_tables:
+passing the tensors themselves costs numba ~6 us of CPU per array per launch).
 
 Measured: 16M float32 params in 50 tensors (3.6K..2.2M), shared 2-core AMD EPYC VM, 30
 interleaved rounds, GB/s at 7*4 B/param, best (median under load): adam_multi_cpu 86 (28..53);
@@ -30,9 +29,10 @@ from .common import (
     device_hyper,
     device_view,
     flat,
-    gpu_groups,
+    THREADS,
+    at_address,
+    gpu_tables,
     grid,
-    multi_grid,
     readable,
     readables,
     same_dtype,
@@ -216,11 +216,13 @@ def adamw_gpu(p, m, v, g, lr_t, beta_1, beta_2, epsilon, weight_decay_lr, stream
 
 
 @cuda.jit(cache=True)
-def _adam_multi_kernel(ps, ms, vs, gs, hyper):  # tuples of (n_t,); hyper: float64
-    t = cuda.blockIdx.y                      # this block row's tensor
-    p, m, v, g = ps[t], ms[t], vs[t], gs[t]
-    lr_t, b1, c1, b2, c2, eps, wd = _adam_gpu_hyper(hyper, p)
-    for i in range(cuda.grid(1), p.shape[0], cuda.gridDim.x * cuda.blockDim.x):
+def _adam_multi_kernel(addresses, chunks, like, hyper):  # see common.gpu_tables
+    row = cuda.blockIdx.x
+    t, start, stop = chunks[row, 0], chunks[row, 1], chunks[row, 2]
+    p, m = at_address(addresses[t, 0], like), at_address(addresses[t, 1], like)
+    v, g = at_address(addresses[t, 2], like), at_address(addresses[t, 3], like)
+    lr_t, b1, c1, b2, c2, eps, wd = _adam_gpu_hyper(hyper, like)
+    for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
         p[i], m[i], v[i] = _adam_gpu_math(p[i], m[i], v[i], g[i], lr_t, b1, c1, b2, c2, eps, wd)
 
 
@@ -237,8 +239,8 @@ def adam_multi_gpu(
     stream=0,
     hyper=None,
 ) -> None:
-    """adam_gpu over every tensor of a device: one launch per 16 tensors, all on `stream`
-    (each block row of the grid updates one tensor); `hyper` as for adam_gpu.
+    """adam_gpu over every tensor of a device in one launch on `stream`, whatever their
+    number (each block updates one chunk of one tensor); `hyper` as for adam_gpu.
 
     >>> adam_multi_gpu(ps, ms, vs, gs, lr_t, 0.9, 0.999, 1e-7)  # doctest: +SKIP
     """
@@ -246,10 +248,10 @@ def adam_multi_gpu(
         return
     same_dtype("adam_multi_gpu", *params, *ms, *vs, *grads)
     hyper = _device_hyper(hyper, lr_t, beta_1, beta_2, epsilon, weight_decay_lr)
-    for (p, m, v, g), largest in gpu_groups(params, ms, vs, grads):
-        if largest:
-            blocks, threads = multi_grid(largest, len(p))
-            _adam_multi_kernel[blocks, threads, stream](p, m, v, g, hyper)
+    table = gpu_tables(params, ms, vs, grads)
+    if table.blocks:
+        _adam_multi_kernel[table.blocks, THREADS, stream](table.addresses, table.chunks,
+                                                          table.like, hyper)
 
 
 def adamw_multi_gpu(

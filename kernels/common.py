@@ -11,7 +11,12 @@ from collections.abc import Sequence
 
 import numba
 import numpy as np
-from numba import config, cuda, njit, typed
+from numba import config, cuda, njit, typed, types
+
+try:                                   # numba-cuda, the CUDA target's own package
+    from numba.cuda.extending import intrinsic
+except ImportError:                    # the CUDA target inside numba itself
+    from numba.core.extending import intrinsic
 
 CHUNK = 1 << 16  # elements per (tensor, chunk) row of a multi-tensor CPU call
 # CUDA threads per block; the simulator runs each thread as a Python thread, so keep blocks small
@@ -164,36 +169,94 @@ def device_hyper(hyper, sizes: tuple):
     return view
 
 
-# tensors per multi-tensor CUDA launch: every array argument costs 7 kernel parameters, and
-# 4 lists x 16 arrays stay under the 4 KiB parameter limit of CUDA before 12.1
-GPU_GROUP = 16
 # blocks per tensor of a stride-loop kernel: enough to fill an H100 with one tensor; the
 # simulator runs every CUDA thread as a Python thread, so there a few blocks do all the work
 MAX_BLOCKS_PER_TENSOR = 2 if config.ENABLE_CUDASIM else 2048
 
-
+# ---------------------------------------------------------------- multi-tensor CUDA launches
+# A numba-cuda launch costs about 6 us of CPU per array argument (7 kernel parameters each,
+# marshalled in Python): measured on an H200, 4 launches of 16-tensor tuples took 1.26 ms of
+# CPU per Adam update of 50 tensors, longer than the GPU's 0.96 ms for all 100M parameters,
+# against 45 us for one launch over 5 arrays. So a multi-tensor launch passes 4 arrays
+# whatever the tensor count: a device table of the tensors' addresses, a table of
+# (tensor, start, stop) chunks (one block each, as apex's multi_tensor_apply), a zero-size
+# array of the dtype, and the hyper vector; each block turns addresses back into pointers.
+GPU_CHUNK = 1 << 8 if config.ENABLE_CUDASIM else 1 << 15   # elements per block
 GROUPS_KEPT = 8    # prepared calls remembered (a compiled step passes the same buffers)
-_groups: collections.OrderedDict = collections.OrderedDict()
+_tables: collections.OrderedDict = collections.OrderedDict()
 
 
-def gpu_groups(*lists) -> list:
-    """The tensor lists of one multi-tensor CUDA call, cut into groups of at most GPU_GROUP
-    tensors, each list a tuple of flat device views padded with empty arrays to 4, 8 or 16
-    entries (one compiled kernel per size class). Returns [(tuples, largest size)].
+class TensorTable(collections.namedtuple("TensorTable", "addresses chunks like blocks")):
+    """The device tables of one multi-tensor CUDA call (see gpu_tables)."""
+
+
+def gpu_tables(*lists) -> TensorTable:
+    """The device tables of a multi-tensor CUDA call over parallel tensor lists (p, m, v,
+    g, ...): `addresses` (tensors, lists) uint64, `chunks` (blocks, 3) int64 rows of
+    (tensor, start, stop), `like` a zero-size device array of their dtype, `blocks` the
+    grid. A kernel reads tensor t of list k as at_address(addresses[t, k], like).
 
     A compiled step passes the same parameter, slot and gradient arrays every time, so the
-    views are remembered by the arrays' identities (see remembered): wrapping a foreign
-    array for numba costs microseconds per array, which for hundreds of tensors would
-    outlast the update itself.
-
-    >>> [len(g[0][0]) for g in gpu_groups([np.zeros(3)] * 20)]  # doctest: +SKIP
-    [16, 4]
+    tables are remembered by the arrays' identities (see remembered), which also keeps the
+    arrays, and so the addresses, alive.
     """
     n = len(lists[0])
     for lst in lists:
         if len(lst) != n:
             raise ValueError("multi-tensor kernel: the tensor lists differ in length")
-    return remembered(_groups, lists, lambda: list(_make_groups(lists, n)))
+    return remembered(_tables, lists, lambda: _make_tables(lists))
+
+
+def _make_tables(lists) -> TensorTable:
+    views = [[device_view(a) for a in lst] for lst in lists]
+    for t, column in enumerate(zip(*views)):
+        if any(v.shape != column[0].shape for v in column):
+            raise ValueError(f"multi-tensor kernel: tensor {t}'s buffers differ in size: "
+                             f"{[v.shape for v in column]}")
+    sizes = [v.shape[0] for v in views[0]]
+    addresses = np.array([[_address(lst[t]) for lst in views] for t in range(len(sizes))],
+                         np.uint64).reshape(len(sizes), len(views))
+    rows = [(t, start, min(start + GPU_CHUNK, n))
+            for t, n in enumerate(sizes) for start in range(0, n, GPU_CHUNK)]
+    chunks = np.array(rows, np.int64).reshape(len(rows), 3)
+    like = _empty_device(views[0][0].dtype) if views[0] else None
+    return TensorTable(_to_device(addresses), _to_device(chunks), like, len(rows))
+
+
+def _address(view) -> int:
+    """A device buffer's address; under the simulator, a key for at_address to look up."""
+    address = view.__cuda_array_interface__["data"][0] if not config.ENABLE_CUDASIM \
+        else view.__array_interface__["data"][0]
+    if config.ENABLE_CUDASIM and view.shape[0]:
+        _SIMULATED[address] = view
+    return address
+
+
+def _to_device(host: np.ndarray):
+    return host if config.ENABLE_CUDASIM else cuda.to_device(host)
+
+
+_SIMULATED: dict = {}     # simulator only: address -> the 1-D view it stands for
+
+
+def _simulated_at_address(address, like):
+    return _SIMULATED[int(address)]
+
+
+@intrinsic
+def _at_address(typingctx, address, like):
+    """A pointer of `like`'s dtype to device address `address` (a uint64)."""
+    if not (isinstance(address, types.Integer) and isinstance(like, types.Array)):
+        return None
+    pointer = types.CPointer(like.dtype)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(pointer))
+    return pointer(address, like), codegen
+
+
+# what a multi-tensor kernel calls: a pointer on the GPU, the registered view in the simulator
+at_address = _simulated_at_address if config.ENABLE_CUDASIM else _at_address
 
 
 def remembered(cache: collections.OrderedDict, lists, make):
@@ -211,20 +274,6 @@ def remembered(cache: collections.OrderedDict, lists, make):
     else:
         cache.move_to_end(key)
     return hit[0]
-
-
-def _make_groups(lists, n: int):
-    for start in range(0, n, GPU_GROUP):
-        stop = min(start + GPU_GROUP, n)
-        size = next(k for k in TUPLE_SIZES if k >= stop - start)
-        views = [[device_view(a) for a in lst[start:stop]] for lst in lists]
-        for t in range(stop - start):
-            if any(v[t].shape != views[0][t].shape for v in views):
-                raise ValueError(f"multi-tensor kernel: tensor {start + t}'s buffers differ in "
-                                 f"size: {[v[t].shape for v in views]}")
-        empty = _empty_device(views[0][0].dtype)
-        largest = max(v.shape[0] for v in views[0])
-        yield tuple(tuple(v) + (empty,) * (size - len(v)) for v in views), largest
 
 
 def _empty_device(dtype):

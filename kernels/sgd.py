@@ -19,9 +19,10 @@ from .common import (
     device_hyper,
     device_view,
     flat,
-    gpu_groups,
+    THREADS,
+    at_address,
+    gpu_tables,
     grid,
-    multi_grid,
     readable,
     readables,
     same_dtype,
@@ -191,8 +192,8 @@ def sgd_multi_gpu(
     stream=0,
     hyper=None,
 ) -> None:
-    """sgd_gpu over every tensor of a device: one launch per 16 tensors, all on `stream`
-    (each block row of the grid updates one tensor); `hyper` as for sgd_gpu.
+    """sgd_gpu over every tensor of a device in one launch on `stream`, whatever their
+    number (each block updates one chunk of one tensor); `hyper` as for sgd_gpu.
 
     >>> sgd_multi_gpu([p], [m], [g], lr=0.1, momentum=0.9)  # doctest: +SKIP
     """
@@ -202,18 +203,20 @@ def sgd_multi_gpu(
         raise ValueError("sgd_multi_gpu: the tensor lists differ in length")
     same_dtype("sgd_multi_gpu", *params, *(ms or ()), *grads)
     hyper = _device_vector(hyper, lr, momentum, weight_decay, ms)
-    for (p, m, g), largest in gpu_groups(params, params if ms is None else ms, grads):
-        if largest:
-            blocks, threads = multi_grid(largest, len(p))
-            _sgd_multi_kernel[blocks, threads, stream](p, m, g, hyper, bool(nesterov))
+    table = gpu_tables(params, params if ms is None else ms, grads)
+    if table.blocks:
+        _sgd_multi_kernel[table.blocks, THREADS, stream](table.addresses, table.chunks,
+                                                         table.like, hyper, bool(nesterov))
 
 
 @cuda.jit(cache=True)
-def _sgd_multi_kernel(ps, ms, gs, hyper, nesterov):  # tuples of (n_t,); hyper: f64
-    t = cuda.blockIdx.y                      # this block row's tensor
-    p, m, g = ps[t], ms[t], gs[t]
-    lr, momentum, weight_decay = _sgd_gpu_hyper(hyper, p)
-    for i in range(cuda.grid(1), p.shape[0], cuda.gridDim.x * cuda.blockDim.x):
+def _sgd_multi_kernel(addresses, chunks, like, hyper, nesterov):  # see common.gpu_tables
+    row = cuda.blockIdx.x
+    t, start, stop = chunks[row, 0], chunks[row, 1], chunks[row, 2]
+    p, m = at_address(addresses[t, 0], like), at_address(addresses[t, 1], like)
+    g = at_address(addresses[t, 2], like)
+    lr, momentum, weight_decay = _sgd_gpu_hyper(hyper, like)
+    for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
         pi, mi = _sgd_gpu_math(p[i], m[i], g[i], lr, momentum, weight_decay, nesterov)
         p[i] = pi
         if momentum != 0:

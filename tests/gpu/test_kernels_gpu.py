@@ -100,7 +100,8 @@ def test_adam_multi_gpu_matches_per_tensor_ref(dtype):
 
 
 def test_multi_tensor_launches_cover_more_tensors_than_one_group():
-    """20 tensors: two launches (16 + 4, padded), every tensor updated, none touched twice."""
+    """21 tensors (empty ones among them, the largest cut into several chunks) in one
+    launch: every tensor updated, none touched twice."""
     rng, dtype = np.random.default_rng(6), np.float32
     shapes = [(int(n),) for n in rng.integers(0, 90, 20)] + [(SIZES[-1],)]
     refs = [(_randn(rng, s, dtype), np.zeros(s, dtype), np.zeros(s, dtype)) for s in shapes]
@@ -188,7 +189,7 @@ def test_scale_gpu_matches_ref(src, dst):
 
 
 def test_multi_tensor_calls_on_the_same_buffers_see_their_new_values():
-    """The second call reuses the first one's prepared views (same buffers, as a compiled
+    """The second call reuses the first one's address tables (same buffers, as a compiled
     step passes them) and still reads the gradients written in between."""
     from graphdist.kernels import common
 
@@ -206,8 +207,8 @@ def test_multi_tensor_calls_on_the_same_buffers_see_their_new_values():
         for k, host in enumerate(grads):
             p_ref[k], m_ref[k] = sgd.sgd_ref(p_ref[k], m_ref[k], host, lr=0.1, momentum=0.9)
         if step == 0:
-            prepared = common.gpu_groups(ps, ms, gs)
-    assert common.gpu_groups(ps, ms, gs) is prepared
+            prepared = common.gpu_tables(ps, ms, gs)
+    assert common.gpu_tables(ps, ms, gs) is prepared
     cuda.synchronize()
     for p, m, pr, mr in zip(ps, ms, p_ref, m_ref):
         _close(p, pr)

@@ -64,8 +64,9 @@ def test_cuda_kernels_compile_to_ptx(monkeypatch):
             (reduce._all_reduce_outs_kernel, (nt.UniTuple(a, 3), nt.UniTuple(a, 3), f,
                                               nt.boolean)),
             (reduce._scale_kernel, (a, nt.float64, nt.float64[::1])),
-            (adam._adam_multi_kernel, (nt.UniTuple(a, 4),) * 4 + (h,)),
-            (sgd._sgd_multi_kernel, (nt.UniTuple(a, 4),) * 3 + (h, nt.boolean)),
+            # the multi-tensor kernels: (addresses, chunks, like, hyper), common.gpu_tables
+            (adam._adam_multi_kernel, (nt.uint64[:, ::1], nt.int64[:, ::1], a, h)),
+            (sgd._sgd_multi_kernel, (nt.uint64[:, ::1], nt.int64[:, ::1], a, h, nt.boolean)),
         ]
         for kernel, signature in kernels:
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(8, 0))
