@@ -21,7 +21,8 @@ from graphdist.distribute.multi_worker import MultiWorkerMirroredStrategy
 from graphdist.distribute.strategy import MirroredStrategy, OneDeviceStrategy, ReplicaContext
 from graphdist.distribute.values import (Mirrored, PerReplica, ReduceOp, ValueContext,
                                          VariableAggregation, VariableSynchronization)
-from graphdist.errors import CheckpointError, GraphError, ShapeError, TraceError, WorkerError
+from graphdist.errors import (CheckpointError, GraphError, NumericsError, ShapeError,
+                              TraceError, WorkerError)
 from graphdist.ir import Graph
 from graphdist.ops.array import (broadcast_to, cast, concat, expand_dims, one_hot, ones_like,
                                  pad, reshape, shape, split, squeeze, stop_gradient, transpose,
@@ -49,7 +50,7 @@ __all__ = [
     "Checkpoint", "CheckpointError", "CrossDeviceOps", "GradientTape", "Graph", "GraphError",
     "HierarchicalCopyAllReduce", "HostAllReduce", "IndexedSlices", "Mirrored", "MirroredStrategy",
     "MultiStepContext", "MultiWorkerMirroredStrategy",
-    "NcclAllReduce",
+    "NcclAllReduce", "NumericsError",
     "OneDeviceStrategy", "PerReplica", "ReduceOp", "ReductionToOneDevice", "ReplicaContext",
     "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",
     "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "arange", "argmax",

@@ -7,7 +7,8 @@ import os
 
 _state = {"explain_retraces": False, "fused_kernels": True, "logical_devices": {},
           "collective_timeout": 60.0, "device_concurrency": "auto",
-          "background_compile": os.environ.get("GRAPHDIST_BACKGROUND_COMPILE", "1") != "0"}
+          "background_compile": os.environ.get("GRAPHDIST_BACKGROUND_COMPILE", "1") != "0",
+          "check_numerics": os.environ.get("GRAPHDIST_CHECK_NUMERICS", "0") not in ("", "0")}
 
 logger = logging.getLogger("graphdist")
 
@@ -18,6 +19,24 @@ def explain_retraces(enabled: bool = True) -> None:
     >>> gd.config.explain_retraces(True)
     """
     _state["explain_retraces"] = bool(enabled)
+
+
+def check_numerics(enabled: bool = True) -> None:
+    """Check every floating-point node's output in compiled steps (also
+    GRAPHDIST_CHECK_NUMERICS=1): the first NaN or Inf raises gd.NumericsError naming the op,
+    the device, the user's source line and which inputs were finite, and the step changes
+    no state (TF's tf.debugging.enable_check_numerics, JAX's jax_debug_nans). Steps called
+    afterwards run a checked program, compiled once per signature (see docs/benchmarks.md
+    for its cost).
+
+    >>> gd.config.check_numerics(True)
+    """
+    _state["check_numerics"] = bool(enabled)
+
+
+def numerics_checked() -> bool:
+    """Whether compiled steps check for NaN and Inf (check_numerics)."""
+    return _state["check_numerics"]
 
 
 def set_fused_kernels(enabled: bool) -> None:

@@ -40,6 +40,16 @@ class WorkerError(RuntimeError):
     """Another worker (or replica) failed; the message names which one."""
 
 
+class NumericsError(FloatingPointError):
+    """A NaN or Inf in a node's output under gd.config.check_numerics(True): the message
+    names the op, the device, the user's source line and which inputs were finite; `op`,
+    `device` and `source` hold the same. The step that raised it changed no state."""
+
+    def __init__(self, message: str, op: str = "", device: str = "", source: str = ""):
+        super().__init__(message)
+        self.op, self.device, self.source = op, device, source
+
+
 # ---------------------------------------------------------------- the user's line
 # Errors name the user's source line: the innermost frame outside graphdist.
 

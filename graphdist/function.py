@@ -96,8 +96,6 @@ class Compiled:
 
     def __init__(self, graph: Graph, out_tree, out_kinds: list, plan, variables: dict,
                  feeds: list, shared_results=()):
-        from graphdist.runtime.executable import executable
-
         self.graph = graph
         self.plan = plan
         self.variables = variables             # StateRef -> Variable: the storage
@@ -105,7 +103,7 @@ class Compiled:
         self.out_tree = out_tree
         # per output leaf: ("static", value) | ("mirrored",) | ("per_replica",)
         self.out_kinds = out_kinds
-        self.executable = executable(plan, variables, shared_results=shared_results)
+        self._executables: dict = {}   # gd.config.numerics_checked() -> its executable
         self.feeds = feeds           # per replica: indices of the call's leaves it takes
         self.profiled = None         # the instrumented executable, built on first profile
         # steps that touch variables run one at a time (_STATE_LOCK); so do the calls of a
@@ -114,6 +112,20 @@ class Compiled:
         self.lock = _STATE_LOCK if variables else (
             threading.Lock() if len(self.executable.programs) > 1 else None)
         self.last_used = next(_use_clock)
+
+    @property
+    def executable(self):
+        """The executable of the current gd.config.check_numerics setting (a checked
+        program is compiled the first time a step runs with the checks on)."""
+        checked = config.numerics_checked()
+        if checked not in self._executables:
+            from graphdist.runtime.executable import executable
+            from graphdist.runtime.numerics import Guarded
+
+            run = executable(self.plan, self.variables, shared_results=self.shared_results)
+            self._executables[checked] = Guarded(run, self.variables.values()) if checked \
+                else run
+        return self._executables[checked]
 
     def rebuild(self, profile: bool):
         from graphdist.runtime.executable import executable

@@ -13,10 +13,12 @@ import math
 
 import numpy as np
 
+from graphdist import config
 from graphdist.device.backends import Backend, backend_for
 from graphdist.device.host import HOST_KERNELS
 from graphdist.ir import Graph, Lit, Var
-from graphdist.runtime import kernel_table, warmup
+from graphdist.ir.types import is_float
+from graphdist.runtime import kernel_table, numerics, warmup
 from graphdist.runtime.buffers import Buffer, BufferPlan, Place
 from graphdist.runtime.program import Program, compile_program
 from graphdist.runtime.streams import StreamOrder
@@ -46,6 +48,7 @@ class Emitter:
         self.lines: list[str] = []
         self.line_eqn: list = []          # the eqn each line runs (None for glue)
         self.counter = itertools.count()
+        self.numerics = config.numerics_checked()   # a check after every float node
         for buffer, inside in plan.packed.values():   # packed buffers and their slices first
             for b in (buffer, *inside.values()):
                 self.buffer_name[b] = self.glob("B", self.allocate(b))
@@ -97,9 +100,12 @@ class Emitter:
                 self.emit(f"{self.name[v]} = {self.glob('W', self.imports[v])}()")
         if self.streams is not None:
             self.streams.before(eqn)
+        body = len(self.lines)
         self.lower_eqn_body(i, eqn)
         if self.streams is not None:
             self.streams.after(eqn)
+        if self.numerics and len(self.lines) > body:   # not an alias, constant or fixed view
+            self.check_numerics(eqn)
         for v in eqn.outputs:
             if v in self.exports:
                 self.emit(f"{self.glob('P', self.exports[v])}({self.name[v]})")
@@ -156,6 +162,20 @@ class Emitter:
             target = names[0] if op.num_outputs == 1 else ", ".join(names) + ","
             self.emit(f"{target} = {fn}({args})", eqn)
             self.name.update(zip(eqn.outputs, names))
+
+    def check_numerics(self, eqn) -> None:
+        """gd.config.check_numerics: after a node, a check of each float output (one
+        reduction), given the inputs too, to say which were finite when one is not."""
+        ins = "".join(f", {self.ref(v)}" for v in eqn.inputs)
+        devices = self.g.devices
+        where = eqn.device or self.backend.device
+        if len(devices) > 1 and where in devices:
+            where = f"{where} (replica {devices.index(where)})"
+        for k, v in enumerate(eqn.outputs):
+            if is_float(v.ty.dtype):
+                xp = self.backend_of(eqn.device).xp
+                check = self.glob("N", numerics.checker(eqn, k, xp, where))
+                self.emit(f"{check}({self.name[v]}{ins})")
 
     def lower_outs(self, eqn, form, args: str, params: dict) -> None:
         """Several outputs: out_impl(xp, (out0, out1, ...), *ins), or the device's kernel."""

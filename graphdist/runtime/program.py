@@ -10,6 +10,7 @@ import traceback
 
 import numpy as np
 
+from graphdist.errors import NumericsError
 from graphdist.ir import Graph, eqn_text
 
 _program_ids = itertools.count()
@@ -35,6 +36,8 @@ class Program:
         with self.lock, np.errstate(all="ignore"):
             try:
                 return self.fn(*arrays)
+            except NumericsError:
+                raise                  # it names its node, device and line already
             except Exception as e:
                 raise _annotated(e, self) from e.__cause__
 
