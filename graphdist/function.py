@@ -39,30 +39,32 @@ _STATE_LOCK = threading.RLock()
 _use_clock = itertools.count(1)     # Compiled.last_used: the LRU's order
 
 
-def _leaf_spec(leaf, path):
-    """The part of the signature a leaf contributes; arrays are dynamic, the rest static."""
+def _leaf_spec(leaf, path, name=str):
+    """The part of the signature a leaf contributes; arrays are dynamic, the rest static.
+    `name(path)` gives the argument's name for errors (only then: a step with many array
+    arguments pays for this on every call)."""
     if isinstance(leaf, Tensor):
-        raise TypeError(f"argument {path}: a gd.Tensor from another trace cannot be passed to "
-                        "a gd.function called outside tracing")
+        raise TypeError(f"argument {name(path)}: a gd.Tensor from another trace cannot be "
+                        "passed to a gd.function called outside tracing")
     if is_device_array(leaf):                # a CuPy array: used where it lies
         return ("array", tuple(leaf.shape), as_dtype(leaf.dtype))
     if isinstance(leaf, np.ndarray) or (isinstance(leaf, np.generic)):
         try:
             dtype = as_dtype(leaf.dtype)
         except TypeError as e:
-            raise TypeError(f"argument {path}: {e}") from None
+            raise TypeError(f"argument {name(path)}: {e}") from None
         return ("array", tuple(leaf.shape), dtype)
     if is_python_scalar(leaf) or leaf is None or isinstance(leaf, (str, bytes)):
         return ("static", type(leaf), leaf)
     if isinstance(leaf, Symbolic):           # a Variable passed as an argument: captured
         return ("variable", id(leaf))
     if hasattr(leaf, "__array__") or hasattr(leaf, "__cuda_array_interface__"):
-        return _leaf_spec(np.asarray(leaf), path)
+        return _leaf_spec(np.asarray(leaf), path, name)
     try:
         hash(leaf)
     except TypeError:
-        raise TypeError(f"argument {path}: {type(leaf).__name__} is neither an array nor a "
-                        "hashable static value") from None
+        raise TypeError(f"argument {name(path)}: {type(leaf).__name__} is neither an array "
+                        "nor a hashable static value") from None
     return ("static", type(leaf), leaf)
 
 
@@ -255,9 +257,9 @@ class Function:
     # ------------------------------------------------------------ signature
     def _signature(self, args, kwargs):
         leaves, paths, tree = flatten((args, kwargs))
-        specs = tuple(_leaf_spec(leaf, self._path_name(p)) for leaf, p in zip(leaves, paths))
-        leaves = [np.asarray(leaf) if specs[i][0] == "array" and not is_device_array(leaf)
-                  else leaf for i, leaf in enumerate(leaves)]
+        specs = tuple(_leaf_spec(leaf, p, self._path_name) for leaf, p in zip(leaves, paths))
+        leaves = [leaf if type(leaf) is np.ndarray or specs[i][0] != "array"
+                  or is_device_array(leaf) else np.asarray(leaf) for i, leaf in enumerate(leaves)]
         # settings that change what a trace emits are part of its key
         return leaves, (tree, specs, config.fused_kernels(), config.precision())
 
