@@ -12,6 +12,7 @@ import numpy as np
 
 from graphdist import config, eager
 from graphdist.ir import ArrayType, Graph, as_dtype
+from graphdist.distribute import recipes
 from graphdist.distribute.values import PerReplica
 from graphdist.ops.core import Symbolic, current_tracer, is_python_scalar
 from graphdist.progress import slow_notice
@@ -412,6 +413,7 @@ class Function:
             graph, out_tree, out_kinds, _, seen = self._trace(view, leaves, specs, variables,
                                                               stages, known)
         graphs = [by_shapes[k][0] for k in shape_keys]
+        recipes.check_replicated_step(self, graphs)   # a loss recipe that N replicas break?
         shared = [k for k, kind in enumerate(r for r in out_kinds if r[0] != "static")
                   if kind[0] == "mirrored"]
         feeds = [self._feed(v, specs) for v in views]

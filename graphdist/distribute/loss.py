@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphdist.distribute import recipes
 from graphdist.distribute.context import get_replica_context
 from graphdist.ops.array import cast
 from graphdist.ops.math import multiply, reduce_sum
+from graphdist.trace import name_scope
 
 
 def compute_average_loss(per_example_loss, global_batch_size=None):
@@ -25,6 +27,8 @@ def compute_average_loss(per_example_loss, global_batch_size=None):
         ctx = get_replica_context()
         replicas = ctx.num_replicas_in_sync if ctx is not None else 1
         global_batch_size = per_example_loss.shape[0] * replicas
-    loss = reduce_sum(per_example_loss)
-    scale = 1.0 / global_batch_size if global_batch_size else 0.0
-    return multiply(loss, cast(np.asarray(scale), loss.dtype))
+    # the scope marks its nodes: an optimizer that averages them again warns (recipes.py)
+    with name_scope(recipes.AVERAGE_LOSS_SCOPE):
+        loss = reduce_sum(per_example_loss)
+        scale = 1.0 / global_batch_size if global_batch_size else 0.0
+        return multiply(loss, cast(np.asarray(scale), loss.dtype))
