@@ -7,6 +7,7 @@ docs/guide.md, shows the pieces at work.
 
 from graphdist.device import threads as _threads  # noqa: F401  (sets OpenMP waiting first)
 from graphdist import config, data, initializers, nn, optimizers, random  # noqa: F401
+from graphdist import callbacks, losses, metrics  # noqa: F401
 from graphdist.autodiff import GradientTape, value_and_grad
 from graphdist.checkpoint import Checkpoint
 from graphdist.distribute.context import (get_replica_context, get_strategy, has_strategy,
@@ -54,13 +55,13 @@ __all__ = [
     "OneDeviceStrategy", "PerReplica", "ReduceOp", "ReductionToOneDevice", "ReplicaContext",
     "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",
     "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "arange", "argmax",
-    "benchmark", "broadcast_to", "cast", "choose_cross_device_ops", "clip_by_global_norm",
+    "benchmark", "broadcast_to", "callbacks", "cast", "choose_cross_device_ops", "clip_by_global_norm",
     "clip_by_value", "concat", "config", "cos",
     "data", "devices", "divide", "einsum", "equal", "exp", "expand_dims", "floor_divide",
     "function",
     "gather", "get_replica_context", "get_strategy", "greater", "greater_equal", "has_strategy",
-    "in_cross_replica_context", "initializers", "less", "less_equal", "log", "matmul",
-    "maximum", "minimum", "mod", "multiply", "name_scope", "negative", "nn", "not_equal",
+    "in_cross_replica_context", "initializers", "less", "less_equal", "log", "losses", "matmul",
+    "maximum", "metrics", "minimum", "mod", "multiply", "name_scope", "negative", "nn", "not_equal",
     "one_hot",
     "ones_like", "optimizers", "pad", "power", "random", "reduce_max", "reduce_mean",
     "reduce_min", "reduce_sum", "relu", "reshape", "shape", "sigmoid", "simulate", "sin", "split", "sqrt", "square", "squeeze", "stack", "stop_gradient",

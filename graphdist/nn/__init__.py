@@ -5,7 +5,8 @@ reads the replica context, in graphdist/distribute/loss.py."""
 
 from graphdist.distribute.loss import compute_average_loss  # noqa: F401
 from graphdist.nn.layers import (AvgPool2D, Conv2D, Dense, Dropout, Flatten,  # noqa: F401
-                                 Layer, MaxPool2D, Sequential)
+                                 Layer, MaxPool2D)
+from graphdist.nn.model import Model, Sequential  # noqa: F401
 from graphdist.nn.embedding import Embedding, embedding_lookup  # noqa: F401
 from graphdist.nn.normalization import (BatchNorm, LayerNorm,  # noqa: F401
                                         batch_normalization, layer_norm, moments)

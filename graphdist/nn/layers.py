@@ -1,5 +1,6 @@
 """gd.nn layers with Keras's names and defaults: Dense, Conv2D, MaxPool2D, AvgPool2D, Dropout,
-Flatten, Sequential (the normalization layers are in normalization.py). Thin wrappers over the ops: a layer makes its variables on its
+Flatten (the normalization layers are in normalization.py; Model and Sequential, which
+train, in model.py). Thin wrappers over the ops: a layer makes its variables on its
 first call (from the input shape) under the current strategy, with concrete initial values
 even inside a trace (as optimizer slots are made during the first trace).
 Checkpoints find them through `_checkpoint_children` (structural names, not layer names)."""
@@ -376,34 +377,4 @@ class Dropout(Layer):
         return dropout(x, self.rate, generator=self.generator)
 
 
-class Sequential(Layer):
-    """Layers applied in order; `training` is passed to each.
-
-    >>> model = gd.nn.Sequential([gd.nn.Flatten(), gd.nn.Dense(10)])
-    """
-
-    default_name = "sequential"
-
-    def __init__(self, layers=None, name=None):
-        super().__init__(name)
-        self.layers: list = []
-        for layer in layers or []:
-            self.add(layer)
-
-    def add(self, layer: Layer) -> None:
-        if not isinstance(layer, Layer):
-            raise TypeError(f"Sequential '{self.name}': expected a gd.nn layer, got "
-                            f"{type(layer).__name__}")
-        self.layers.append(layer)
-
-    def __call__(self, x, training=False):
-        if not self.built:
-            self.built, self.input_shape = True, _shape(x)
-        with name_scope(self.name):
-            for layer in self.layers:
-                x = layer(x, training=training)
-        return x
-
-
-__all__ = ["AvgPool2D", "Conv2D", "Dense", "Dropout", "Flatten", "Layer", "MaxPool2D",
-           "Sequential"]
+__all__ = ["AvgPool2D", "Conv2D", "Dense", "Dropout", "Flatten", "Layer", "MaxPool2D"]
