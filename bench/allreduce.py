@@ -12,6 +12,10 @@ graphdist's MultiWorkerMirroredStrategy all-reduce in the same ranks
 a 2-core machine) oversubscribe it; the table says so.
 
     python -m bench.allreduce [--mib 16] [--devices 4] [--repeat 20]
+    python -m bench.allreduce --mpi-only [--mib 16]     # 2 MPI ranks only (issue 29)
+
+The MPI ranks run with the environment's OpenBLAS pin (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE)
+removed, as on a user's machine; the table says so.
 """
 
 from __future__ import annotations
@@ -147,12 +151,121 @@ def mpi_rows(mib: int, repeat: int, ranks=(2, 4)) -> dict:
     out = {}
     for k in ranks:
         r = run([mpi, "-n", str(k), *RANK, "allreduce", "--mib", str(mib),
-                 "--repeat", str(repeat)], dict(os.environ))
+                 "--repeat", str(repeat)], unpinned_env())
         over = f", oversubscribed ({os.cpu_count()} cores)" if k > os.cpu_count() else ""
         for name in short if r else ():
             v = {key: x for key, x in r["results"][name].items() if key != "samples_s"}
             out[f"{short[name]}, {k} ranks"] = {**v, "runs_on": f"{k} MPI ranks{over}"}
     return out
+
+
+OPENBLAS_PIN = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def unpinned_env() -> dict:
+    """This environment without its OpenBLAS pin (a user's machine sets neither)."""
+    return {k: v for k, v in os.environ.items() if k not in OPENBLAS_PIN}
+
+
+PAIR_STEP = "graphdist all_reduce, result kept in the step (r[:1])"
+PAIR_BARE = "mpi4py Allreduce(x, out), the same out each call"
+PAIR_COPY = "mpi4py copyto(out, x) + Allreduce(IN_PLACE, out) (graphdist's work before)"
+PAIR_RETURNED = "graphdist all_reduce, result returned"
+PAIR_BARE_NEW = "mpi4py Allreduce(x, out), a new out each call"
+PAIR_POLLED = ("mpi4py Iallreduce(x, out) + Test() until done, the same out (how graphdist "
+               "waits: it watches for failures meanwhile)")
+PAIR_AGAINST = {PAIR_STEP: PAIR_BARE, PAIR_COPY: PAIR_BARE, PAIR_RETURNED: PAIR_BARE_NEW,
+                PAIR_POLLED: PAIR_BARE}
+
+
+def pair_rank(mib: int, repeat: int) -> None:
+    """One rank of `mpi_only` (under mpiexec -n 2): each contender reads x and writes a 16
+    MiB result, so together they overflow the 32 MiB L3 and one leaves the next a cold
+    cache; their order is shuffled every round (the same on every rank)."""
+    import random
+    import time
+
+    from mpi4py import MPI
+
+    from bench.peers.common import report
+
+    strategy = gd.MultiWorkerMirroredStrategy(["cpu:0"])
+    comm = MPI.COMM_WORLD
+    x = np.random.default_rng(comm.rank).standard_normal(mib * 2**18).astype(np.float32)
+    out, old = np.empty_like(x), np.empty_like(x)
+    reduce = (lambda keep: gd.function(lambda x: strategy.run(
+        lambda v: keep(gd.get_replica_context().all_reduce("sum", v)), args=(x,))))
+    kept, returned = reduce(lambda r: r[:1]), reduce(lambda r: r)
+    want = np.empty_like(x)
+    comm.Allreduce(x, want)
+    first = (lambda r: getattr(r, "values", (r,))[0])      # one replica's value
+    np.testing.assert_array_equal(first(returned(x)), want)
+    np.testing.assert_array_equal(first(kept(x)), want[:1])
+
+    def copy_then_in_place():
+        np.copyto(old, x)
+        comm.Allreduce(MPI.IN_PLACE, old)
+
+    def bare_new():
+        comm.Allreduce(x, np.empty_like(x))
+
+    def polled():
+        request = comm.Iallreduce(x, out, op=MPI.SUM)
+        while not request.Test():
+            pass
+
+    fns = {PAIR_STEP: lambda: kept(x), PAIR_BARE: lambda: comm.Allreduce(x, out),
+           PAIR_COPY: copy_then_in_place, PAIR_RETURNED: lambda: returned(x),
+           PAIR_BARE_NEW: bare_new, PAIR_POLLED: polled}
+    samples = {k: [] for k in fns}
+    order = list(fns)
+    shuffle = random.Random(29).shuffle
+    for k in range(3 + repeat):
+        shuffle(order)
+        for name in order:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fns[name]()
+            if k >= 3:
+                samples[name].append(time.perf_counter() - t0)
+    every = comm.allgather(samples)           # per sample, the slower rank's time
+    if comm.rank == 0:
+        slower = {k: [max(s[k][i] for s in every) for i in range(repeat)] for k in fns}
+        report({k: {"median_s": float(np.median(v)), "min_s": min(v), "repeat": repeat}
+                for k, v in slower.items()})
+
+
+def mpi_only(mib: int, repeat: int) -> dict:
+    """Issue 29: graphdist's 2-worker all-reduce against bare comm.Allreduce(x, out) of the
+    same buffers, side by side in one run (target: within 10%)."""
+    from graphdist.device.threads import ENV_SET
+
+    from bench.multi_worker import mpiexec, run
+
+    mpi = mpiexec()
+    if mpi is None:
+        print("bench.allreduce: no MPI (needs the mpi extra: mpi4py and mpich)",
+              file=sys.stderr)
+        return {}
+    t = run([mpi, "-n", "2", sys.executable, "-m", "bench.allreduce", "--pair-rank",
+             "--mib", str(mib), "--repeat", str(repeat)], unpinned_env())
+    if not t:
+        return {}
+    rows = [[k, v["median_s"] * 1e3, v["min_s"] * 1e3,
+             v["median_s"] / t[PAIR_AGAINST[k]]["median_s"] if k in PAIR_AGAINST else "",
+             v["min_s"] / t[PAIR_AGAINST[k]]["min_s"] if k in PAIR_AGAINST else ""]
+            for k, v in t.items()]
+    pin = ", ".join(f"{k}={os.environ[k]}" for k in OPENBLAS_PIN
+                    if k in os.environ and k not in ENV_SET)
+    text = table(f"all-reduce sum of {mib} MiB float32, 2 MPI ranks x 1 device (median of "
+                 f"{repeat}, order shuffled each round, the slower rank per sample; the ranks "
+                 f"ran without the environment's OpenBLAS pin{' (' + pin + ')' if pin else ''}"
+                 ": OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as on a user's machine). "
+                 "Ratio: against bare Allreduce(x, out) of the same kind; target <= 1.10",
+                 ["contender", "median ms", "min ms", "ratio (median)", "ratio (min)"], rows)
+    save("allreduce", {"mib": mib, "devices": "no", "mpi_only": True, "results": t,
+                       "table": text})
+    return t
 
 
 def main(mib: int = 16, n: int = 4, repeat: int = 30) -> dict:
@@ -212,5 +325,13 @@ if __name__ == "__main__":
     parser.add_argument("--mib", type=int, default=16)
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--mpi-only", action="store_true",
+                        help="only graphdist's 2-worker all-reduce against bare mpi4py")
+    parser.add_argument("--pair-rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    main(args.mib, args.devices, args.repeat)
+    if args.pair_rank:
+        pair_rank(args.mib, args.repeat)
+    elif args.mpi_only:
+        mpi_only(args.mib, args.repeat)
+    else:
+        main(args.mib, args.devices, args.repeat)

@@ -212,10 +212,14 @@ class Group:
         return f"<MPI group: rank {self.rank} of {self.size}>"
 
     # ------------------------------------------------------------ collectives
-    def allreduce(self, buf, what: str = "an all-reduce") -> None:
-        """buf <- the sum of every worker's buf (in place)."""
+    def allreduce(self, buf, what: str = "an all-reduce", send=None) -> None:
+        """buf <- the sum of every worker's buf (in place), or of every worker's `send`
+        (read straight from it: no copy into buf first)."""
         if self.size > 1:
-            self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), what)
+            source = self.MPI.IN_PLACE if send is None else send
+            self._wait(self.comm.Iallreduce(source, buf, op=self.MPI.SUM), what)
+        elif send is not None:
+            buf[...] = send
 
     def bcast(self, buf, root: int, what: str = "a broadcast") -> None:
         """buf <- root's buf (in place)."""
