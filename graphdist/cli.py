@@ -221,17 +221,16 @@ def _suite(args) -> int:
 
 
 def _launch(args) -> int:
-    """One worker process per MPI rank, through the environment's mpiexec (MPICH's, from the
-    `mpi` extra, beside this Python first). The script's own options pass through
-    untouched; the exit status is mpiexec's: non-zero when any worker fails, with one line
-    per rank saying why. `--restarts R` runs the job again after a failure."""
-    import shutil
+    """One worker process per MPI rank, started and served by graphdist's own process
+    manager (graphdist/device/launcher.py: no port open beyond the loopback interface,
+    unlike MPICH's mpiexec). The script's own options pass through untouched; the exit
+    status is non-zero when any worker fails, with one line per rank saying how it ended.
+    `--restarts R` runs the job again after a failure."""
+    import importlib.util
 
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    mpiexec = here if os.path.exists(here) else shutil.which("mpiexec")
-    if mpiexec is None:
-        print("graphdist launch: no mpiexec found; install the mpi extra: pip install "
-              "'graphdist[mpi]' (mpi4py and mpich)", file=sys.stderr)
+    if importlib.util.find_spec("mpi4py") is None:
+        print("graphdist launch: mpi4py is not installed; install the mpi extra: pip "
+              "install 'graphdist[mpi]' (mpi4py and mpich)", file=sys.stderr)
         return 2
     if args.module is not None:
         if not args.module:
@@ -246,10 +245,12 @@ def _launch(args) -> int:
         return 2
     else:
         target = [args.script, *args.script_args]
-    env = {**os.environ, **_LOOPBACK}
+    from graphdist.device.launcher import LOOPBACK
+
+    env = {**os.environ, **LOOPBACK}
     if args.devices_per_worker:
         env["GRAPHDIST_DEVICES_PER_WORKER"] = str(args.devices_per_worker)
-    command = [mpiexec, "-n", str(args.n), sys.executable, *target]
+    command = [sys.executable, *target]
     try:
         for attempt in range(args.restarts + 1):
             status = _launch_once(command, {**env, "GRAPHDIST_RESTART": str(attempt)}, args.n)
@@ -263,34 +264,34 @@ def _launch(args) -> int:
         return 130
 
 
-# the ranks' own sockets listen on the loopback interface only: MPICH's libfabric netmod over
-# its tcp provider, bound to lo (the default UCX netmod listens on every interface); MPICH's
-# shared memory carries the data between ranks of one host. Hydra's own control port
-# (mpiexec's) still binds to every interface: MPICH has no setting for it.
-_LOOPBACK = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo"}
-
-
 def _launch_once(command: list, env: dict, workers: int) -> int:
-    """One run of the job; on failure, one line per rank on stderr: its exit status and the
-    first line of its error, from the report each worker writes as it leaves (a rank with
-    none was killed, or stopped by the job's teardown before it could say)."""
+    """One run of the job; on failure, which worker failed first and how (a signal by
+    name), then one line per rank: its exit status and the first line of its error, from
+    the report each worker writes as it leaves, or what the launcher saw of it."""
     import json
-    import subprocess
     import tempfile
 
+    from graphdist.device.launcher import Job
+
     with tempfile.TemporaryDirectory(prefix="graphdist-launch-") as folder:
-        status = subprocess.call(command, env={**env, "GRAPHDIST_LAUNCH_STATUS": folder})
+        job = Job(command, workers, env, folder)
+        status = job.wait()
         if status == 0:
             return 0
+        reports = {}
         for rank in range(workers):
             try:
                 with open(os.path.join(folder, f"rank{rank}.json")) as f:
-                    report = json.load(f)
-                line = f"exit {report['status']}" + (f": {report['error']}"
-                                                     if report["error"] else "")
-            except (OSError, ValueError, KeyError):
-                line = "no report: killed, or stopped when the job was torn down"
-            print(f"graphdist launch: worker {rank}: {line}", file=sys.stderr)
+                    reports[rank] = json.load(f)
+            except (OSError, ValueError):
+                pass
+        first = job.first_failed(reports)
+        how = first.ended if first.rank not in reports else \
+            f"exit {reports[first.rank]['status']}"
+        print(f"graphdist launch: worker {first.rank} (pid {first.pid}) failed first "
+              f"({how}); the job exits with status {status}", file=sys.stderr)
+        for line in job.lines(reports):
+            print(f"graphdist launch: {line}", file=sys.stderr)
     return status
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ def _reports(out_dir):
 
 def _launcher_lines(stderr: str) -> dict:
     # not anchored: a rank's last output, relayed by hydra, may end without a newline
-    return dict(re.findall(r"graphdist launch: worker (\d+): (.*)$", stderr, re.M))
+    return dict(re.findall(r"graphdist launch: worker (\d+) \(pid \d+\): (.*)$", stderr, re.M))
 
 
 # ---------------------------------------------------------------- failures named
@@ -89,7 +88,9 @@ def test_a_hung_worker_is_named_at_the_timeout_and_the_launch_exits(tmp_path):
     assert "worker 1: no answer" in message
     assert "recent: call" in message                                   # the flight recorder
     lines = _launcher_lines(done.stderr)
-    assert "timed out" in lines["0"] and "no report" in lines["1"]
+    # the sleeping worker is told by the launcher and names the one that gave up on it
+    assert "timed out" in lines["0"]
+    assert "worker 0 failed (MPI abort with exit code 1" in lines["1"], done.stderr
 
 
 # ---------------------------------------------------------------- restarts
@@ -106,7 +107,15 @@ def test_launch_restarts_a_job_whose_worker_was_killed_and_it_ends_as_an_uninter
         runs[name] = (np.load(out / "final.npz"), done.stderr)
     killed, whole = runs["killed"][0], runs["whole"][0]
     assert int(killed["attempt"]) == 1 and int(killed["resumed_from"]) == 4
-    assert "restarting the job" in runs["killed"][1]
+    stderr = runs["killed"][1]
+    assert "restarting the job" in stderr
+    # the first attempt's end: the killed worker named by rank and signal, by the launcher
+    # and by the surviving worker's WorkerError
+    assert re.search(r"worker 1 \(pid \d+\) failed first \(killed by SIGKILL\)", stderr), stderr
+    lines = _launcher_lines(stderr)
+    assert lines["1"] == "killed by SIGKILL, before it could report", stderr
+    assert re.match(r"exit 1: worker 1 failed \(killed by SIGKILL, pid \d+; seen by graphdist "
+                    r"launch\) while worker 0 waited in ", lines["0"]), stderr
     assert int(whole["attempt"]) == 0 and int(whole["resumed_from"]) == 0
     np.testing.assert_array_equal(killed["w"], whole["w"])
     assert not np.array_equal(whole["w"], np.linspace(-1, 1, 12, dtype=np.float32)
@@ -159,8 +168,11 @@ strategy.reduce("sum", 1.0, axis=None)
 
 
 @needs_mpi
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2) to list sockets")
-def test_a_local_launch_keeps_the_ranks_sockets_on_loopback(tmp_path):
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net/tcp")
+def test_a_local_launch_listens_on_the_loopback_interface_only(tmp_path):
+    """Every listening TCP socket of the job (the launcher and its workers: MPICH's hydra
+    mpiexec listened on 0.0.0.0 for its control connections, and its ranks inherited
+    that socket) is bound to 127.0.0.1 or ::1."""
     script = tmp_path / "listener.py"
     script.write_text(LISTENER)
     job = subprocess.Popen([*LAUNCH, str(script), str(tmp_path)], stdout=subprocess.PIPE,
@@ -170,26 +182,57 @@ def test_a_local_launch_keeps_the_ranks_sockets_on_loopback(tmp_path):
         while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
             assert time.time() < deadline and job.poll() is None, "the workers did not start"
             time.sleep(0.05)
-        ranks = {pid for pid in os.listdir("/proc") if pid.isdigit()
-                 and _cmdline(pid) == f"{sys.executable}\0{script}\0{tmp_path}\0"}
-        assert len(ranks) == 2
-        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True,
-                                   timeout=10).stdout.splitlines()
-        own = [line for line in listening
-               if any(f"pid={pid}," in line for pid in ranks)
-               and "mpiexec" not in line]    # hydra's own control port: see docs/guide.md
-        assert own, listening
-        for line in own:
-            local = line.split()[3]
-            assert local.startswith(("127.", "[::1]")), line
+        pids = {job.pid} | _children(job.pid)
+        assert len(pids) == 3, pids                      # the launcher and 2 workers
+        listening = _listening_sockets(pids)
     finally:
         job.communicate(timeout=60)
     assert job.returncode == 0
+    assert listening, "the workers listen on no TCP socket: nothing was checked"
+    for pid, address in listening:
+        assert address.startswith(("127.", "::1")), (pid, address, listening)
 
 
-def _cmdline(pid: str) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline") as f:
-            return f.read()
-    except OSError:
-        return ""
+def _children(pid: int) -> set:
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.add(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _listening_sockets(pids: set) -> list:
+    """(pid, local address) of every TCP socket in LISTEN state that `pids` hold open."""
+    inodes = {}
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes[target[8:-1]] = pid
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in inodes:         # 0A: LISTEN
+                    found.append((inodes[fields[9]], _address(fields[1])))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net/tcp's 0100007F:1F90 as 127.0.0.1:8080 (and IPv6 alike)."""
+    import ipaddress
+
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))   # host order
+    return f"{ipaddress.ip_address(words)}:{int(port, 16)}"

@@ -133,7 +133,7 @@ def install_failure_hooks(group: Group) -> None:
     # hears the notice leaves at once, and the job's teardown may then kill this process
     # before it gets to leave() (the launcher printed "no report" for it, 1 run in ~10)
     def excepthook(kind, error, tb):
-        _report_to_launcher(group.rank, 1, group.failed
+        _report_to_launcher(group, 1, group.failed
                             or f"{kind.__name__}: {error}".splitlines()[0])
         group.abort(error)
         if group.failed is None:
@@ -149,12 +149,12 @@ def install_failure_hooks(group: Group) -> None:
         status = _exit_calls[-1] if _exit_calls else None
         code = status if isinstance(status, int) else (0 if status is None else 1)
         if code == 0 and group.failed is None:
-            _report_to_launcher(group.rank, 0, "")
+            _report_to_launcher(group, 0, "")
             return
         if code != 0:
             notice = (f"SystemExit: exited with status {code}"
                       + (f": {status}" if isinstance(status, str) else ""))
-            _report_to_launcher(group.rank, code, group.failed or notice)
+            _report_to_launcher(group, code, group.failed or notice)
             group.abort(notice)
         group.leave(code or 1, group.failed)
 
@@ -163,19 +163,42 @@ def install_failure_hooks(group: Group) -> None:
     import atexit
 
     atexit.register(at_exit)
+    _listen_to_launcher(group)
 
 
-def _report_to_launcher(rank: int, status: int, error_line: str) -> None:
+def _listen_to_launcher(group: Group) -> None:
+    """Under `graphdist launch`: write this rank's pid to the launch's status folder, which
+    asks the launcher to send SIGUSR1 when another worker fails in a way it cannot tell
+    (killed by a signal, or gone without a word); the launcher's lost.json says which and
+    how, and this worker raises WorkerError naming it (graphdist/device/launcher.py)."""
+    folder = os.environ.get("GRAPHDIST_LAUNCH_STATUS")
+    if not folder or threading.current_thread() is not threading.main_thread():
+        return
+    import signal
+
+    signal.signal(signal.SIGUSR1, group.launcher_says_lost)
+    _write_whole(os.path.join(folder, f"rank{group.rank}.pid"), str(os.getpid()))
+
+
+def _write_whole(path: str, text: str) -> None:
+    """Write by rename: whole or not at all (the job's teardown may kill this process)."""
+    with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+        f.write(text)
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
+
+
+def _report_to_launcher(group: Group, status: int, error_line: str) -> None:
     """`graphdist launch` prints one line per rank from these files (its
-    GRAPHDIST_LAUNCH_STATUS folder); a rank killed before it could write has none."""
+    GRAPHDIST_LAUNCH_STATUS folder); a rank killed before it could write has none.
+    `blames`: the rank whose failure this worker's is (None: its own), so the launcher
+    names the worker that failed first, whichever left first."""
     folder = os.environ.get("GRAPHDIST_LAUNCH_STATUS")
     if not folder:
         return
-    path = os.path.join(folder, f"rank{rank}.json")
-    try:          # whole or not at all: the job's teardown may kill this process any time
-        with open(f"{path}.{os.getpid()}.tmp", "w") as f:
-            json.dump({"rank": rank, "status": status, "error": error_line}, f)
-        os.replace(f"{path}.{os.getpid()}.tmp", path)
+    try:
+        _write_whole(os.path.join(folder, f"rank{group.rank}.json"),
+                     json.dumps({"rank": group.rank, "status": status, "error": error_line,
+                                 "blames": group.blamed}))
     except OSError:
         pass          # the report is a courtesy; the exit status still tells
 
@@ -198,8 +221,11 @@ class Group:
         self.size = self.comm.Get_size()
         self._sent: list = []
         self.failed = None        # the first line of this worker's failure, once it has one
+        self.blamed = None        # the rank whose failure made this worker fail
         self._announced = False   # whether this worker sent its own abort notice
         self._leaving = False
+        self._waiting = False     # in a collective's wait (where a lost worker is checked)
+        self._lost = False        # the launcher said another worker failed
         self.recent = collections.deque(maxlen=_RECENT)    # the flight recorder
         self._calls = 0
         # the workers on this host share its cores (BLAS and kernel threads per worker)
@@ -212,14 +238,10 @@ class Group:
         return f"<MPI group: rank {self.rank} of {self.size}>"
 
     # ------------------------------------------------------------ collectives
-    def allreduce(self, buf, what: str = "an all-reduce", send=None) -> None:
-        """buf <- the sum of every worker's buf (in place), or of every worker's `send`
-        (read straight from it: no copy into buf first)."""
+    def allreduce(self, buf, what: str = "an all-reduce") -> None:
+        """buf <- the sum of every worker's buf (in place)."""
         if self.size > 1:
-            source = self.MPI.IN_PLACE if send is None else send
-            self._wait(self.comm.Iallreduce(source, buf, op=self.MPI.SUM), what)
-        elif send is not None:
-            buf[...] = send
+            self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), what)
 
     def bcast(self, buf, root: int, what: str = "a broadcast") -> None:
         """buf <- root's buf (in place)."""
@@ -283,11 +305,34 @@ class Group:
         self.notices.Recv(buf, source=status.Get_source(), tag=_NOTICE_TAG)
         return json.loads(buf.tobytes().decode())
 
+    def launcher_says_lost(self, signum=None, frame=None) -> None:
+        """SIGUSR1 from `graphdist launch`: another worker failed (see
+        `_listen_to_launcher`). In a collective's wait the wait raises; elsewhere (between
+        steps, asleep, hung in Python) this raises now, so every live worker says why it
+        stops; a worker already failing goes on leaving."""
+        self._lost = True
+        if not self._waiting and self.failed is None and not self._leaving:
+            self._fail(self._lost_worker("ran outside any collective"))
+
+    def _lost_worker(self, where: str) -> WorkerError:
+        try:
+            with open(os.path.join(os.environ["GRAPHDIST_LAUNCH_STATUS"], "lost.json")) as f:
+                lost = json.load(f)
+        except (KeyError, OSError, ValueError):
+            lost = {"rank": "?", "how": "failed", "pid": "?"}
+        self.blamed = lost["rank"] if self.blamed is None else self.blamed
+        return WorkerError(f"worker {lost['rank']} failed ({lost['how']}, pid {lost['pid']}; "
+                           f"seen by graphdist launch) while worker {self.rank} {where}")
+
     def _check_notices(self, what: str) -> None:
-        """Raise WorkerError for a peer's abort notice; answer a timed-out peer's question
-        (where is this worker?) and go on waiting."""
+        """Raise WorkerError for a peer's abort notice or the launcher's word that a worker
+        was lost; answer a timed-out peer's question (where is this worker?) and go on
+        waiting."""
+        if self._lost:
+            self._fail(self._lost_worker(f"waited in {what}"))
         while (notice := self._next_notice()) is not None:
             if notice["kind"] == "abort":
+                self.blamed = notice["rank"]
                 self._fail(WorkerError(f"worker {notice['rank']} failed while worker "
                                        f"{self.rank} waited in {what}: {notice['error']}"))
             if notice["kind"] == "where":
@@ -313,8 +358,17 @@ class Group:
         self.recent.append(entry)
         timeout = config.collective_timeout()
         start = time.perf_counter()
-        check = start + 1e-3
         give_way = threads.oversubscribed()
+        self._waiting = True
+        try:
+            self._poll(request, what, entry, timeout, start, give_way)
+        finally:
+            self._waiting = False
+        entry["done"] = True
+
+    def _poll(self, request, what: str, entry: dict, timeout: float, start: float,
+              give_way: bool) -> None:
+        check = start + 1e-3
         while not request.Test():
             if give_way:          # the peer we wait for may need this core (MPICH yields too)
                 os.sched_yield()
@@ -327,7 +381,6 @@ class Group:
             check = now + 1e-3
             if now - start > 0.05:
                 time.sleep(1e-4)
-        entry["done"] = True
 
     def _timed_out(self, timeout: float, what: str) -> WorkerError:
         """The timeout's error: each rank's collective and line, from the answers of those
@@ -336,12 +389,15 @@ class Group:
         answers = {self.rank: self._recorded()}
         until = time.perf_counter() + _ANSWER_SECONDS
         while len(answers) < self.size and time.perf_counter() < until:
+            if self._lost:
+                return self._lost_worker(f"waited in {what}")
             notice = self._next_notice()
             if notice is None:
                 time.sleep(1e-3)
             elif notice["kind"] == "here":
                 answers[notice["rank"]] = notice["recent"]
             elif notice["kind"] == "abort":
+                self.blamed = notice["rank"]
                 return WorkerError(f"worker {notice['rank']} failed while worker {self.rank} "
                                    f"waited in {what}: {notice['error']}")
         mine = answers[self.rank][-1]
@@ -374,7 +430,7 @@ class Group:
         if self._leaving:
             os._exit(status or 1)
         self._leaving = True
-        _report_to_launcher(self.rank, status, error_line)
+        _report_to_launcher(self, status, error_line)
         sys.stdout.flush()
         sys.stderr.flush()
         deadline = time.perf_counter() + _EXIT_GRACE_SECONDS
