@@ -13,13 +13,14 @@ The model owns the loop and the reductions users otherwise write by hand:
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 
 import numpy as np
 
 from graphdist import callbacks as callbacks_module
 from graphdist import config, losses, metrics as metrics_module
-from graphdist.distribute.context import get_strategy
+from graphdist.distribute.context import get_strategy, has_strategy
 from graphdist.errors import ShapeError
 from graphdist.autodiff import GradientTape
 from graphdist.function import function
@@ -103,6 +104,18 @@ class Model(Layer):
         self._resume = None
         self._batches_total = 0      # batches trained in this fit (callbacks' save_freq)
         self._last_execution = 0     # batches the last compiled call ran
+
+    def _variable_scope(self):
+        """Where a first call makes the variables: the compiled model's strategy when the
+        call comes from outside every strategy (model(x) after compile, as Keras builds a
+        model under the strategy it was compiled under)."""
+        if self.built or self.distribute_strategy is None or has_strategy():
+            return contextlib.nullcontext()
+        return self.distribute_strategy.scope()
+
+    def __call__(self, x, training=False):
+        with self._variable_scope():
+            return super().__call__(x, training)
 
     # ------------------------------------------------------------ compile
     def compile(self, optimizer, loss, metrics=None, steps_per_execution: int = 1) -> None:
@@ -474,11 +487,12 @@ class Sequential(Model):
         self.layers.append(layer)
 
     def __call__(self, x, training=False):
-        if not self.built:
-            self.built, self.input_shape = True, _shape(x)
-        with name_scope(self.name):
-            for layer in self.layers:
-                x = layer(x, training=training)
+        with self._variable_scope():
+            if not self.built:
+                self.built, self.input_shape = True, _shape(x)
+            with name_scope(self.name):
+                for layer in self.layers:
+                    x = layer(x, training=training)
         return x
 
 
