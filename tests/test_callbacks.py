@@ -7,12 +7,16 @@ bit, as an uninterrupted fit."""
 import csv
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import graphdist as gd
+from mpi_launch import SCRIPTS, needs_mpi
 
+FIT_RESTART = os.path.join(SCRIPTS, "fit_restart.py")
 rng = np.random.default_rng(5)
 N, D, C = 24, 4, 3
 X = rng.normal(size=(N, D)).astype(np.float32)
@@ -259,3 +263,29 @@ def test_backup_and_restore_resumes_an_interrupted_fit(tmp_path, save_freq, cras
 def test_callbacks_must_be_callbacks():
     with pytest.raises(TypeError, match="gd.callbacks.Callback"):
         _model().fit(X, Y, epochs=1, verbose=0, callbacks=[print])
+
+
+# ---------------------------------------------------------------- multi-worker, SIGKILL
+@needs_mpi
+def test_backup_and_restore_after_a_killed_worker_under_launch_restarts(tmp_path):
+    """tests/mpi/fit_restart.py on 2 workers: worker 1 SIGKILLed mid-epoch on the first
+    attempt; the restarted job resumes from the backup and ends bit-equal to a job that was
+    never interrupted."""
+    runs = {}
+    for name, extra, restarts in (("killed", ["kill"], ["--restarts", "1"]),
+                                  ("whole", [], [])):
+        out = tmp_path / name
+        out.mkdir()
+        done = subprocess.run([sys.executable, "-m", "graphdist", "launch", "-n", "2",
+                               *restarts, FIT_RESTART, str(out), str(out / "backup"), *extra],
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        runs[name] = (np.load(out / "final.npz"), done.stderr)
+        assert not (out / "backup").exists()
+    (killed, stderr), (whole, _) = runs["killed"], runs["whole"]
+    assert "restarting the job" in stderr
+    assert int(killed["attempt"]) == 1 and int(killed["first_epoch"]) == 1
+    assert int(whole["attempt"]) == 0 and int(whole["first_epoch"]) == 0
+    for k in range(4):
+        np.testing.assert_array_equal(killed[f"arr_{k}"], whole[f"arr_{k}"])
+    np.testing.assert_allclose(killed["loss"], whole["loss"][1:], rtol=1e-6)

@@ -1,0 +1,50 @@
+"""Run under `graphdist launch -n 2 [--restarts 1]`: Model.fit for 3 epochs of 22 rows in
+batches of 8 (the last one partial) on MultiWorkerMirroredStrategy, with BackupAndRestore
+every 2 batches into argv[2]. With argv[3] == "kill", worker 1 SIGKILLs itself after batch
+1 of epoch 1 on the first attempt (GRAPHDIST_RESTART == "0"); the restarted job resumes
+from the backup. The chief writes the final weights and the history to argv[1]/final.npz,
+to be compared with an uninterrupted run's."""
+
+import os
+import signal
+import sys
+
+import numpy as np
+
+import graphdist as gd
+
+out_dir, backup_dir = sys.argv[1], sys.argv[2]
+kill = len(sys.argv) > 3 and sys.argv[3] == "kill"
+gd.config.set_collective_timeout(20.0)
+rng = np.random.default_rng(0)
+X = rng.normal(size=(22, 5)).astype(np.float32)
+Y = rng.integers(0, 3, 22)
+W1 = (rng.normal(size=(5, 6)) * 0.5).astype(np.float32)
+W2 = (rng.normal(size=(6, 3)) * 0.5).astype(np.float32)
+
+strategy = gd.MultiWorkerMirroredStrategy(["cpu:0"])
+with strategy.scope():
+    model = gd.nn.Sequential([gd.nn.Dense(6, activation="relu", kernel_initializer=W1),
+                              gd.nn.Dense(3, kernel_initializer=W2)])
+    model.compile(gd.optimizers.SGD(0.2, momentum=0.9),
+                  gd.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    gd.random.set_global_generator(gd.random.Generator(3))
+
+
+class KillWorkerOne(gd.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if kill and (self.epoch, batch) == (1, 1) and strategy.worker_index == 1 and \
+                os.environ.get("GRAPHDIST_RESTART") == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+history = model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[
+    gd.callbacks.BackupAndRestore(backup_dir, save_freq=2), KillWorkerOne()])
+if strategy.is_chief:
+    np.savez(os.path.join(out_dir, "final.npz"), *model.get_weights(),
+             attempt=int(os.environ.get("GRAPHDIST_RESTART", "-1")),
+             first_epoch=history.epoch[0], loss=np.array(history.history["loss"]))
