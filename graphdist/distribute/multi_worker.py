@@ -24,6 +24,7 @@ from graphdist.distribute.cross_device_ops import MpiAllReduce
 from graphdist.distribute.strategy import MirroredStrategy
 from graphdist.errors import WorkerError
 from graphdist.ops.core import current_tracer
+from graphdist.runtime.schedule_check import agree_on_collective
 
 
 def exchange(group, payload, what: str, purpose: str = "agreement") -> list:
@@ -35,6 +36,9 @@ def exchange(group, payload, what: str, purpose: str = "agreement") -> list:
     differs (one checks its variables, another restores) raise WorkerError together."""
     import numpy as np
 
+    # first the header every collective outside compiled code carries: a worker that is
+    # in a step, or in another kind of exchange, makes both raise naming each one's line
+    agree_on_collective(group, f"the {purpose} exchange", (), "bytes")
     data = json.dumps({"purpose": purpose, "what": what, "payload": payload},
                       sort_keys=True).encode()
     counts = np.zeros(group.size, np.int64)
@@ -201,16 +205,24 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
                                      if len(names) > 1 else ""))
 
     def _sum_across_workers(self, value):
+        """The sum of every worker's `value` (a sync-on-read variable's read, outside
+        compiled code), after the header check: a worker elsewhere (in a step, reading
+        another variable) makes every worker raise naming each one's line."""
         import numpy as np
 
         total = np.array(value, copy=True)
-        self._group.allreduce(total.reshape(-1), "an eager all-reduce")
+        agree_on_collective(self._group, "all_reduce (a sync-on-read read)", total.shape,
+                            total.dtype.name, "sum")
+        self._group.allreduce(total.reshape(-1), "an eager all-reduce (a sync-on-read read)")
         return total
 
     def _from_chief(self, value):
+        """The chief's `value` on every worker, after the header check (as above)."""
         import numpy as np
 
         out = np.array(value, copy=True)
+        agree_on_collective(self._group, "broadcast from the chief", out.shape,
+                            out.dtype.name)
         self._group.bcast(out.reshape(-1).view(np.uint8), 0, "a broadcast from the chief")
         return out
 
@@ -222,6 +234,17 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         compiled = eager.compiled(self._reduce_functions, (op, axis),
                                   lambda v: self.reduce(op, v, axis), quiet=True)
         return compiled(value)
+
+    def gather(self, value, axis=0):
+        """As MirroredStrategy.gather; called eagerly on this worker's components it is
+        compiled, as an eager reduce is, so that its all-gather crosses the workers (and
+        carries the schedule check)."""
+        if current_tracer() is None and self.num_workers > 1 \
+                and not isinstance(value, (list, tuple, dict)):
+            compiled = eager.compiled(self._reduce_functions, ("gather", axis),
+                                      lambda v: self.gather(v, axis), quiet=True)
+            return compiled(value)
+        return super().gather(value, axis)
 
     def __repr__(self) -> str:
         return (f"MultiWorkerMirroredStrategy(worker {self.worker_index} of "

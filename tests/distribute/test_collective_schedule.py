@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -38,6 +39,13 @@ def _two_workers(scenario: str, out_dir: str) -> list[dict]:
     return reports
 
 
+def _at(error: str, rank: int, where: str) -> bool:
+    """Whether `error` shows `rank` at the same call number as rank 0, at `where`."""
+    calls = dict(re.findall(r"rank (\d): call #(\d+) at ", error))
+    return calls.get(str(rank)) == calls.get("0") is not None and \
+        re.search(rf"rank {rank}: call #\d+ at {re.escape(where)}", error) is not None
+
+
 @needs_mpi
 def test_an_extra_reduce_on_the_chief_raises_on_both_workers_and_changes_nothing(tmp_path):
     reports = _two_workers("extra_reduce", str(tmp_path))
@@ -47,9 +55,9 @@ def test_an_extra_reduce_on_the_chief_raises_on_both_workers_and_changes_nothing
         assert error.startswith(f"worker {rank}: the workers are about to run different "
                                 "collectives")
         # the chief's reduce of 5 floats, worker 1's step: each with its own line
-        assert "rank 0: call #1 at schedule.py:" in error and "strategy.reduce(" in error
+        assert _at(error, 0, "schedule.py:") and "strategy.reduce(" in error
         assert "all_reduce sum of float32(5,)" in error
-        assert "rank 1: call #1 at schedule.py:" in error and "step(*batches[1])" in error
+        assert _at(error, 1, "schedule.py:") and "step(*batches[1])" in error
         # nothing was summed: the weights are those after the one agreed step
         np.testing.assert_array_equal(report["after"], report["before"])
         assert np.isfinite(report["after"]).all()
@@ -64,8 +72,8 @@ def test_workers_that_compiled_different_steps_raise_at_its_first_call(tmp_path)
         assert error is not None, f"worker {rank} did not raise"
         # the gradient all-reduce (#0) agrees; the metric's (#1) is 2 floats against 3
         assert "collective #1 of their programs differs" in error
-        assert "rank 0: call #0" in error and "all_reduce sum of float32(2,)" in error
-        assert "rank 1: call #0" in error and "all_reduce sum of float32(3,)" in error
+        assert _at(error, 0, "") and "all_reduce sum of float32(2,)" in error
+        assert _at(error, 1, "") and "all_reduce sum of float32(3,)" in error
         np.testing.assert_array_equal(report["after"], report["before"])
 
 
@@ -75,9 +83,45 @@ def test_a_collective_outside_compiled_code_meeting_a_step_raises_on_both(tmp_pa
     for rank, report in enumerate(reports):
         error = report["error"]
         assert error is not None, f"worker {rank} did not raise"
-        assert "rank 0: call #1 at schedule.py:" in error
+        assert _at(error, 0, "schedule.py:")
         assert "Checkpoint.save of variables(1,)" in error
-        assert "rank 1: call #1 at schedule.py:" in error and "step(*batches[1])" in error
+        assert _at(error, 1, "schedule.py:") and "step(*batches[1])" in error
+        np.testing.assert_array_equal(report["after"], report["before"])
+
+
+@needs_mpi
+@pytest.mark.parametrize("scenario, worker_one", [
+    ("sync_read", ["step(*batches[1])", "all_reduce mean of float32(8,)"]),
+    ("two_reads", ["counts.numpy()", "all_reduce (a sync-on-read read) sum of float32(3,)"]),
+])
+def test_a_sync_on_read_read_outside_compiled_code_is_checked_before_data_moves(
+        tmp_path, scenario, worker_one):
+    reports = _two_workers(scenario, str(tmp_path))
+    for rank, report in enumerate(reports):
+        assert report["total"] == 4.0        # the agreed read: 4 replicas of the chief's 1.0
+        error = report["error"]
+        assert error is not None, f"worker {rank} did not raise"
+        assert error.startswith(f"worker {rank}: the workers are about to run different "
+                                "collectives")
+        assert _at(error, 0, "schedule.py:") and "total.numpy()" in error
+        assert "all_reduce (a sync-on-read read) sum of float32()" in error
+        assert _at(error, 1, "schedule.py:")
+        for text in worker_one:
+            assert text in error, (text, error)
+        np.testing.assert_array_equal(report["after"], report["before"])
+
+
+@needs_mpi
+def test_an_eager_gather_crosses_the_workers_and_an_extra_one_is_caught(tmp_path):
+    reports = _two_workers("gather", str(tmp_path))
+    for rank, report in enumerate(reports):
+        # replica r's component is [[r, r]]: every worker gets all four, in replica order
+        np.testing.assert_array_equal(report["gathered"],
+                                      np.repeat(np.arange(4.0), 2).reshape(4, 2))
+        error = report["error"]
+        assert error is not None, f"worker {rank} did not raise"
+        assert _at(error, 0, "schedule.py:") and "strategy.gather(" in error
+        assert _at(error, 1, "schedule.py:") and "step(*batches[1])" in error
         np.testing.assert_array_equal(report["after"], report["before"])
 
 

@@ -5,6 +5,11 @@ different collectives. argv: OUT scenario, scenario one of
   agree         both train as training.py does
   rendezvous    the chief alone calls Checkpoint.save (a collective outside compiled
                 code) while worker 1 steps
+  sync_read     the chief reads a sync-on-read variable (an all-reduce outside compiled
+                code) while worker 1 steps
+  two_reads     the chief reads a sync-on-read scalar, worker 1 one of 3 floats
+  gather        an eager strategy.gather on both (its values), then one more on the chief
+                while worker 1 steps
   timing        seconds per cached MLP step (GRAPHDIST_SCHEDULE_CHECK=first: the header
                 exchanged at the first call only), for the report, not the tests
 Each worker writes what it saw to OUT/rank<r>.json."""
@@ -77,6 +82,37 @@ elif scenario == "rendezvous":
     if rank == 0:
         ckpt = gd.Checkpoint(w=w)
         report["error"] = attempt(lambda: ckpt.save(os.path.join(out_dir, "ckpt")))
+    else:
+        report["error"] = attempt(lambda: step(*batches[1]))
+    report["after"] = w.numpy().tolist()
+elif scenario in ("sync_read", "two_reads"):
+    w, step, batches = mlp_step(2)
+    with strategy.scope():
+        total = gd.Variable(np.float32(rank + 1), name="total",
+                            synchronization=gd.VariableSynchronization.ON_READ,
+                            aggregation=gd.VariableAggregation.SUM)
+        counts = gd.Variable(np.ones(3, np.float32), name="counts",
+                             synchronization=gd.VariableSynchronization.ON_READ,
+                             aggregation=gd.VariableAggregation.SUM)
+    step(*batches[0])
+    report["before"] = w.numpy().tolist()
+    report["total"] = float(total.numpy())         # both read: every replica's sum
+    if rank == 0:
+        report["error"] = attempt(lambda: total.numpy())
+    elif scenario == "sync_read":
+        report["error"] = attempt(lambda: step(*batches[1]))
+    else:
+        report["error"] = attempt(lambda: counts.numpy())
+    report["after"] = w.numpy().tolist()
+elif scenario == "gather":
+    w, step, batches = mlp_step(2)
+    step(*batches[0])
+    per = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.full((1, 2), ctx.replica_id_in_sync_group, np.float32))
+    report["gathered"] = strategy.gather(per, axis=0).tolist()
+    report["before"] = w.numpy().tolist()
+    if rank == 0:
+        report["error"] = attempt(lambda: strategy.gather(per, axis=0))
     else:
         report["error"] = attempt(lambda: step(*batches[1]))
     report["after"] = w.numpy().tolist()
