@@ -40,6 +40,7 @@ from graphdist.ops.special import cos, sin
 from graphdist.ops.clip import clip_by_global_norm
 from graphdist.function import function
 from graphdist.benchmark import benchmark
+from graphdist.equivalence import check_equivalence
 from graphdist.simulate import simulate
 from graphdist.ops.sparse import IndexedSlices, gather
 from graphdist.trace import Tensor, name_scope
@@ -55,7 +56,7 @@ __all__ = [
     "OneDeviceStrategy", "PerReplica", "ReduceOp", "ReductionToOneDevice", "ReplicaContext",
     "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",
     "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "arange", "argmax",
-    "benchmark", "broadcast_to", "callbacks", "cast", "choose_cross_device_ops", "clip_by_global_norm",
+    "benchmark", "broadcast_to", "callbacks", "cast", "check_equivalence", "choose_cross_device_ops", "clip_by_global_norm",
     "clip_by_value", "concat", "config", "cos",
     "data", "devices", "divide", "einsum", "equal", "exp", "expand_dims", "floor_divide",
     "function",

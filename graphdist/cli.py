@@ -1,4 +1,4 @@
-"""The `graphdist` command: demo, devices, show, bench, launch and simulate."""
+"""The `graphdist` command: demo, devices, show, bench, launch, simulate and check."""
 
 from __future__ import annotations
 
@@ -324,6 +324,23 @@ def _simulate(args) -> int:
     return 0
 
 
+def _check(args) -> int:
+    """N devices against one for MODULE:BUILDER's step (graphdist/equivalence.py): exit 0
+    when every count is equivalent, 1 when one is not, 2 when the builder cannot be used."""
+    from graphdist.equivalence import EquivalenceError, check_equivalence
+
+    try:
+        report = check_equivalence(_load(args.target, "check", "BUILDER"), args.devices,
+                                   args.steps, rtol=args.rtol, atol=args.atol,
+                                   float64=args.float64)
+    except (EquivalenceError, ValueError) as e:
+        print(f"graphdist check: {e}", file=sys.stderr)
+        return 2
+    report.title = f"graphdist check {args.target}"
+    print(report)
+    return 0 if report.equivalent else 1
+
+
 MERGED_HELP = ("opt-in: run logical CPU replicas merged into one batched program (the "
                "default runs, and shows, one copy per device with its collectives)")
 
@@ -437,9 +454,24 @@ def main(argv=None) -> int:
     simulate.add_argument("--shared-host", action="store_true",
                           help="devices are logical devices of this host (run one by one)")
     simulate.add_argument("--json", action="store_true")
+    check = sub.add_parser("check", help="does MODULE:BUILDER's step on N devices match one "
+                           "device? where and why not (exit 1 when not)")
+    check.add_argument("target", metavar="MODULE:BUILDER",
+                       help="a function of the device count n (and dtype=, for --float64) "
+                            "returning (f, args) from the same initial values and global "
+                            "batch for every n")
+    check.add_argument("--devices", type=_device_counts, default=[1, 2, 4], metavar="1,2,4",
+                       help="device counts; each is compared with 1 (default 1,2,4)")
+    check.add_argument("--steps", type=_positive, default=3,
+                       help="steps compared one by one (default 3)")
+    check.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (1e-5)")
+    check.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance (1e-6)")
+    check.add_argument("--float64", action="store_true",
+                       help="check a count that differs again in float64 (the builder's "
+                            "dtype=): equivalent there means float32 rounding, not a bug")
     args = parser.parse_args(argv)
     handlers = {"demo": _demo, "devices": _devices, "show": _show, "bench": _bench,
-                "launch": _launch, "simulate": _simulate}
+                "launch": _launch, "simulate": _simulate, "check": _check}
     from graphdist import config
 
     before = config.device_concurrency()

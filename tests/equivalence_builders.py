@@ -1,0 +1,130 @@
+"""Builders for tests/test_check_equivalence.py (`graphdist check
+equivalence_builders:NAME` from tests/): one per known cause of N devices not matching one,
+and one that matches. Each takes the device count n (and dtype=, for --float64) and returns
+(step, args) built from the same initial values and global batch for every n."""
+
+import numpy as np
+
+import graphdist as gd
+
+
+def _strategy(n: int):
+    return gd.MirroredStrategy([f"cpu:{i}" for i in range(n)])
+
+
+def _data(rows: int, dtype, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, 3)).astype(dtype),
+            rng.standard_normal((rows, 2)).astype(dtype))
+
+
+def _linear(n, dtype, rows, loss_kind, reduction="mean"):
+    """A linear least-squares step: `loss_kind` "mean" (reduce_mean of the local batch) or
+    "average" (compute_average_loss)."""
+    strategy = _strategy(n)
+    with strategy.scope():
+        w = gd.Variable(np.linspace(-1, 1, 6).reshape(3, 2).astype(dtype), name="w")
+        opt = gd.optimizers.SGD(0.1, gradient_reduction=reduction)
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                per_example = gd.reduce_sum(gd.square(x @ w - y), axis=1)
+                if loss_kind == "mean":
+                    loss = gd.reduce_mean(per_example)
+                else:
+                    loss = gd.nn.compute_average_loss(per_example, global_batch_size=rows)
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+            return loss
+        per_replica = strategy.run(replica_fn, args=batch)
+        return strategy.reduce("sum" if loss_kind == "average" else "mean", per_replica)
+
+    return step, (next(iter(strategy.experimental_distribute_dataset([_data(rows, dtype)]))),)
+
+
+def equivalent(n, dtype=np.float32):
+    """compute_average_loss with gradient_reduction='sum': the recipe, on any split."""
+    return _linear(n, dtype, 6, "average", reduction="sum")
+
+
+def uneven_mean(n, dtype=np.float32):
+    """A per-replica mean loss on 3 rows: 2 | 1 on two devices."""
+    return _linear(n, dtype, 3, "mean")
+
+
+def empty_shard(n, dtype=np.float32):
+    """A per-replica mean loss on 1 row: 1 | 0 on two devices."""
+    return _linear(n, dtype, 1, "mean")
+
+
+def average_loss_mean(n, dtype=np.float32):
+    """compute_average_loss with the default gradient_reduction='mean'."""
+    return _linear(n, dtype, 4, "average")
+
+
+def batch_norm(n, dtype=np.float32):
+    """An unsynchronized BatchNorm before the linear layer."""
+    strategy = _strategy(n)
+    with strategy.scope():
+        bn = gd.nn.BatchNorm(dtype=dtype)
+        w = gd.Variable(np.linspace(-1, 1, 6).reshape(3, 2).astype(dtype), name="w")
+        opt = gd.optimizers.SGD(0.1)
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                h = bn(x, training=True)
+                loss = gd.reduce_mean(gd.reduce_sum(gd.square(h @ w - y), axis=1))
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+            return loss
+        return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
+
+    return step, (next(iter(strategy.experimental_distribute_dataset([_data(4, dtype)]))),)
+
+
+def dropout(n, dtype=np.float32):
+    """Dropout inside strategy.run: each replica draws its own mask."""
+    strategy = _strategy(n)
+    with strategy.scope():
+        w = gd.Variable(np.linspace(-1, 1, 6).reshape(3, 2).astype(dtype), name="w")
+        generator = gd.random.Generator(seed=7)
+        opt = gd.optimizers.SGD(0.1)
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                h = gd.nn.dropout(x, 0.5, generator=generator)
+                loss = gd.reduce_mean(gd.reduce_sum(gd.square(h @ w - y), axis=1))
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+            return loss
+        return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
+
+    return step, (next(iter(strategy.experimental_distribute_dataset([_data(4, dtype)]))),)
+
+
+def kink(n, dtype=np.float32):
+    """relu(s * w - 1) of s, the sum of the global batch [2**-24, 1, 2**-24, 2**-24]: in
+    float32 one device sums to exactly 1 (each 2**-24 rounds away), two devices to
+    1 + 2**-23 ((2**-24 + 1) + (2**-24 + 2**-24)); relu's gradient at 0 is 0, just above
+    it 1. In float64 both are 1 + 3 * 2**-24."""
+    strategy = _strategy(n)
+    with strategy.scope():
+        w = gd.Variable(np.ones((), dtype), name="w")
+        opt = gd.optimizers.SGD(0.1, gradient_reduction="sum")
+    x = np.array([[2.0 ** -24], [1.0], [2.0 ** -24], [2.0 ** -24]], dtype)
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x):
+            ctx = gd.get_replica_context()
+            with gd.GradientTape() as tape:
+                s = ctx.all_reduce("sum", gd.reduce_sum(x))
+                loss = gd.relu(s * w - 1.0) / ctx.num_replicas_in_sync
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+            return loss
+        return strategy.reduce("sum", strategy.run(replica_fn, args=(batch,)))
+
+    return step, (next(iter(strategy.experimental_distribute_dataset([x]))),)
