@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from graphdist import config, eager
+from graphdist import config, eager, program_switch
 from graphdist.ir import ArrayType, Graph, as_dtype
 from graphdist.distribute import recipes
 from graphdist.distribute.values import PerReplica
@@ -227,6 +227,9 @@ class Function:
         # gd.Variables may be made on the first trace only (as in tf.function); True once a
         # trace has run to its end
         self._first_trace_done = False
+        # host state its traces consulted (gradient accumulation's phase): its states are
+        # part of the signature key, one program per state (graphdist/program_switch.py)
+        self._switches: list = []
         try:
             self._params = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
@@ -262,7 +265,8 @@ class Function:
         leaves = [leaf if type(leaf) is np.ndarray or specs[i][0] != "array"
                   or is_device_array(leaf) else np.asarray(leaf) for i, leaf in enumerate(leaves)]
         # settings that change what a trace emits are part of its key
-        return leaves, (tree, specs, config.fused_kernels(), config.precision())
+        return leaves, (tree, specs, config.fused_kernels(), config.precision(),
+                        program_switch.states(self._switches))
 
     def _path_name(self, path: str) -> str:
         # "[0][1][2]" -> "batch[2]" using the function's parameter names
@@ -294,8 +298,8 @@ class Function:
 
     def _changes(self, old, new) -> str:
         """What differs between two signatures, old -> new."""
-        old_tree, old_specs, old_fused, old_precision = old
-        tree, specs, fused, precision = new
+        old_tree, old_specs, old_fused, old_precision, old_switched = old
+        tree, specs, fused, precision, switched = new
         if old_tree != tree:
             before, after = self._argument_texts(old_tree, old_specs), \
                 self._argument_texts(tree, specs)
@@ -307,6 +311,8 @@ class Function:
             return f"fused kernels: {old_fused} -> {fused}"
         if old_precision != precision:
             return f"precision: {old_precision} -> {precision}"
+        if old_switched != switched:
+            return f"program switch states (gradient accumulation): {old_switched} -> {switched}"
         _, paths, _ = flatten(unflatten(tree, list(range(len(specs)))))
         return "; ".join(f"{self._path_name(p)}: {_spec_text(a)} -> {_spec_text(b)}"
                          for p, a, b in zip(paths, old_specs, specs) if a != b)
@@ -350,7 +356,8 @@ class Function:
             gc.disable()
             first = not self._first_trace_done
             try:
-                compiled = self._build(key, leaves)
+                with program_switch.recording() as seen:
+                    compiled = self._build(key, leaves)
             except BaseException:
                 if first:          # nothing compiled yet: the next call is a first trace
                     self._first_trace_done = False
@@ -359,6 +366,10 @@ class Function:
                 if enabled:
                     gc.enable()
             self.trace_count += 1
+            new = [s for s in seen if all(s is not t for t in self._switches)]
+            if new:                     # the trace consulted them: key it by their states
+                self._switches += new
+                key = key[:-1] + (program_switch.states(self._switches),)
             self._remember(key, compiled)
             self._last, self._last_compiled = key, compiled
             return compiled
@@ -564,14 +575,15 @@ class Function:
         instead of having their signature derived again. With `profile`, every node of
         every call is timed and each call is a "step k" slice on every device's lane."""
         result, done, bounds = None, 0, []
-        tree = specs = compiled = None
+        tree = specs = compiled = switched = None
         for _ in range(steps):
             try:
                 args = args_of(result)
             except StopIteration:
                 break
             leaves, _, t = flatten((args, {}))
-            if compiled is None or t != tree or not _same_arrays(leaves, specs):
+            if compiled is None or t != tree or not _same_arrays(leaves, specs) or (
+                    self._switches and program_switch.states(self._switches) != switched):
                 leaves, key = self._signature(args, {})
                 if profile and compiled is not None and (key[0], key[1]) != (tree, specs):
                     raise ValueError(f"gd.function {self.__name__}: a profiled run of many "
@@ -582,6 +594,7 @@ class Function:
                                      "signature"):
                         compiled = self._compile(key, leaves, args, {})
                 tree, specs = key[0], key[1]
+                switched = program_switch.states(self._switches)
             if not profile:
                 result = compiled(leaves)
             else:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.distribute.context import get_replica_context
-from graphdist.distribute.sparse import all_reduce_gradients
 from graphdist.ops.array import cast
 from graphdist.ops.core import current_tracer
 from graphdist.ops.math import (
@@ -152,17 +151,20 @@ class LossScaleOptimizer:
         warn_missing_gradients(self, grads_and_vars)
         if current_tracer() is None:
             return self._apply_eagerly(pairs, all_reduce)
-        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        inner = self.inner_optimizer
+        if inner.gradient_accumulation_steps > 1:
+            # a micro-step only accumulates (no check, no collective); a non-finite one
+            # makes the window's sum non-finite, so the applying call skips that window
+            pairs = inner._accumulate(pairs)
+            if pairs is None:
+                return inner.iterations.read_value()
         ctx = get_replica_context()
         n = ctx.num_replicas_in_sync if ctx is not None else 1
-        if all_reduce and n > 1:
-            bucket_bytes = getattr(ctx.strategy, "bucket_bytes", 25 * 2**20)
-            grads = all_reduce_gradients(grads, self.inner_optimizer.gradient_reduction,
-                                         bucket_bytes, n)
+        reduced = inner._reduce(pairs, all_reduce)     # all-reduced, or sharded (ZeRO)
+        grads = [g for g, _ in reduced] if isinstance(reduced, list) else reduced.gradients
         finite = self._all_finite(grads, ctx, n)
         with assign_synced_if(finite):
-            step = self.inner_optimizer.apply_gradients(zip(grads, variables), all_reduce=False,
-                                                        skip_loss_scale_check=True)
+            step = inner._update(reduced)
         self._update_scale(finite)
         return where(finite, step, subtract(step, np.int64(1)))
 

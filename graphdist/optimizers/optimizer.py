@@ -2,7 +2,19 @@
 
 apply_gradients emits one update eqn per variable (sgd_update, sgd_momentum_update,
 adam_update) followed by assigns; in a replica context the gradients are first all-reduced
-(unless all_reduce=False), then clipped (clipnorm / global_clipnorm).
+(unless all_reduce=False), then clipped (clipnorm / global_clipnorm). Under a strategy with
+`zero_stage` 1 or 2 they are reduce-scattered instead, and each replica updates its shard
+(graphdist/optimizers/zero.py).
+
+Gradient accumulation (`gradient_accumulation_steps=k`, Keras 3's name): k-1 calls add the
+local gradients to per-replica accumulators and communicate nothing; the k-th all-reduces
+the accumulated sum once and applies it. graphdist has no conditional op that could skip a
+collective inside one program (a `where` would run the all-reduce on every call), so the
+choice is made on the host: the optimizer is a *program switch* (graphdist/program_switch.py)
+whose state, "is the next call the k-th?", read from its `accumulation_step` counter before
+each call, picks one of two compiled programs of the step: the micro-step program (local
+adds, no collective) or the applying one (the all-reduce, the update, the accumulators
+zeroed). Each is traced once; the profile shows the all-reduce only on applying calls.
 
 Hyper-parameters are optimizer state, as in Keras: float64 scalar variables made in the
 constructor and read inside the step into one `hyper` vector per update, so assigning
@@ -24,7 +36,7 @@ from graphdist.ops import optim
 from graphdist.ops.array import cast, fill_p
 from graphdist.ops.clip import clip_by_global_norm
 from graphdist.ops.core import Symbolic, bind, current_tracer
-from graphdist.ops.math import divide, multiply, power, sqrt, subtract
+from graphdist.ops.math import add, divide, multiply, power, sqrt, subtract
 from graphdist.ops.sparse import IndexedSlices, densify, sum_duplicates
 from graphdist.optimizers.schedules import LearningRateSchedule
 from graphdist.variables import Variable
@@ -57,7 +69,7 @@ class Optimizer:
     slot_names: tuple = ()
 
     def __init__(self, name: str, gradient_reduction: str = "mean", clipnorm=None,
-                 global_clipnorm=None):
+                 global_clipnorm=None, gradient_accumulation_steps=None):
         if gradient_reduction not in ("mean", "sum"):
             raise ValueError(f"{name}: gradient_reduction must be 'mean' or 'sum', got "
                              f"{gradient_reduction!r}")
@@ -73,6 +85,88 @@ class Optimizer:
         self._slots: dict = {}
         self._eager_steps: dict = {}
         self._warned_no_gradient: set = set()     # ids of variables warned of a None grad
+        self._accumulators: dict = {}   # variable -> its per-replica gradient accumulator
+        self._accumulation_step = None  # micro-steps taken in the current window (k > 1)
+        self._accumulation_steps = 1
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+
+    # ------------------------------------------------------------ accumulation
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """k: apply_gradients applies on every k-th call, accumulating locally on the others
+        (1: every call applies)."""
+        return self._accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps) -> None:
+        steps = 1 if steps is None else steps
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise ValueError(f"{self.name}: gradient_accumulation_steps must be an int >= 1 "
+                             f"or None, got {steps!r}")
+        if steps > 1 and self._accumulation_step is None:
+            self._accumulation_step = Variable(np.int64(0), trainable=False,
+                                               name=f"{self.name}/accumulation_step",
+                                               _devices=self.iterations.devices,
+                                               _strategy=self.iterations._strategy)
+        self._accumulation_steps = int(steps)
+
+    @property
+    def accumulation_step(self):
+        """How many micro-batches the current window has accumulated (a Variable; None
+        without accumulation)."""
+        return self._accumulation_step
+
+    def switch_state(self) -> bool:
+        """The program switch's state: is the next apply_gradients the k-th of its window
+        (the applying call)? Read on the host before each call of a compiled step."""
+        return int(self._accumulation_step._host(0)) >= self._accumulation_steps - 1
+
+    def _accumulator(self, var: Variable) -> Variable:
+        """`var`'s gradient accumulator: one component per replica, each its own (sync on
+        read, aggregation NONE), so that adding to it communicates nothing."""
+        if var not in self._accumulators:
+            from graphdist.distribute.values import VariableAggregation, VariableSynchronization
+
+            self._accumulators[var] = Variable(
+                np.zeros(var.shape, var.dtype), trainable=False,
+                name=f"{var.name}/{self.name}/accumulator",
+                synchronization=VariableSynchronization.ON_READ,
+                aggregation=VariableAggregation.NONE, _devices=var.devices,
+                _strategy=var._strategy)
+        return self._accumulators[var]
+
+    def _accumulate(self, pairs):
+        """Gradient accumulation's traced half: on a micro-step add each gradient to its
+        accumulator and return None (no collective); on the k-th call return the window's
+        gradients (for a mean reduction the mean of the k micro-batch gradients, for a sum
+        their sum: as one step on the k micro-batches together) and zero the accumulators.
+        Sparse gradients are added densely into the accumulator (the window's rows are not
+        known in advance); the applying call all-reduces them dense. Slots are made here, on
+        the first trace, since the applying program is traced later and a gd.function makes
+        variables on its first trace only."""
+        from graphdist.ops.array import zeros_like
+        from graphdist import program_switch
+
+        program_switch.record(self)
+        for _, v in pairs:
+            self._make_slots(v)
+        counter = self._accumulation_step
+        if not self.switch_state():
+            for g, v in pairs:
+                acc = self._accumulator(v)
+                acc.assign(add(acc.read_value(), densify(g)))
+            counter.assign_synced(add(counter.read_value(), np.int64(1)))
+            return None
+        out = []
+        for g, v in pairs:
+            acc = self._accumulator(v)
+            total = add(acc.read_value(), densify(g))
+            if self.gradient_reduction == "mean":
+                total = divide(total, np.asarray(self._accumulation_steps, v.dtype))
+            out.append((total, v))
+            acc.assign(zeros_like(total))
+        counter.assign_synced(np.int64(0))
+        return out
 
     # ------------------------------------------------------------ hyper-parameters
     def _build_hyper(self, **values) -> None:
@@ -135,8 +229,15 @@ class Optimizer:
         return _float64_scalar(self._hyper[name].read_value(), name)
 
     def slot(self, var: Variable, name: str) -> Variable:
-        """The optimizer's `name` slot for `var` (a zero-initialized mirrored variable)."""
+        """The optimizer's `name` slot for `var` (a zero-initialized mirrored variable; under
+        a strategy with zero_stage > 0 a zero.ShardedSlot, each replica keeping its flat
+        1/N shard)."""
         key = (var, name)
+        if key not in self._slots and getattr(var._strategy, "zero_stage", 0) \
+                and var._strategy.num_replicas_in_sync > 1:
+            from graphdist.optimizers import zero
+
+            self._slots[key] = zero.ShardedSlot(var, f"{var.name}/{self.name}/{name}")
         if key not in self._slots:
             self._slots[key] = Variable(np.zeros(var.shape, var.dtype), trainable=False,
                                         name=f"{var.name}/{self.name}/{name}",
@@ -199,15 +300,37 @@ class Optimizer:
         warn_missing_gradients(self, grads_and_vars)
         if current_tracer() is None:
             return self._apply_eagerly(pairs, all_reduce)
+        if self._accumulation_steps > 1:
+            pairs = self._accumulate(pairs)
+            if pairs is None:                      # a micro-step: nothing applied
+                return self.iterations.read_value()
+        return self._update(self._reduce(pairs, all_reduce))
+
+    def _reduce(self, pairs, all_reduce: bool = True):
+        """The gradients every replica agrees on: all-reduced [(gradient, variable)], or,
+        under a strategy with zero_stage > 0, this replica's reduce-scattered shards
+        (a zero.ShardedGradients). Unreduced when `all_reduce` is False or on one replica."""
         ctx = get_replica_context()
-        if all_reduce and ctx is not None and ctx.num_replicas_in_sync > 1:
-            bucket_bytes = getattr(ctx.strategy, "bucket_bytes", 25 * 2**20)
-            reduced = all_reduce_gradients([g for g, _ in pairs], self.gradient_reduction,
-                                           bucket_bytes, ctx.num_replicas_in_sync)
-            pairs = list(zip(reduced, (v for _, v in pairs)))
-        pairs = [(g if self._sparse_update(g) else densify(g), v) for g, v in self._clip(pairs)]
+        if not (all_reduce and ctx is not None and ctx.num_replicas_in_sync > 1):
+            return pairs
+        bucket_bytes = getattr(ctx.strategy, "bucket_bytes", 25 * 2**20)
+        if getattr(ctx.strategy, "zero_stage", 0):
+            from graphdist.optimizers import zero
+
+            return zero.reduce_scatter_gradients(self, pairs, ctx, bucket_bytes)
+        reduced = all_reduce_gradients([g for g, _ in pairs], self.gradient_reduction,
+                                       bucket_bytes, ctx.num_replicas_in_sync)
+        return list(zip(reduced, (v for _, v in pairs)))
+
+    def _update(self, reduced):
+        """Clip and apply reduced gradients (what `_reduce` returned); count the step."""
         step = self.iterations.read_value() + np.int64(1)
-        self._apply(pairs, step)
+        if isinstance(reduced, list):
+            pairs = [(g if self._sparse_update(g) else densify(g), v)
+                     for g, v in self._clip(reduced)]
+            self._apply(pairs, step)
+        else:                                      # sharded: zero_stage 1 or 2
+            reduced.apply(step)
         self.iterations.assign_synced(step)
         return step
 
@@ -236,7 +359,32 @@ class Optimizer:
         return [(g, v) for g, (_, v) in zip(grads, pairs)]
 
     def _apply(self, pairs, step) -> None:
+        hyper = self._hyper_vector(step)
+        for g, v in pairs:
+            if isinstance(g, IndexedSlices):
+                self._apply_sparse(g, v, hyper)
+                continue
+            slots = [self.slot(v, name) for name in self.slot_names]
+            new_v, *new_slots = self._updated(v, slots, g, hyper)
+            v.assign_synced(new_v)
+            for slot, new in zip(slots, new_slots):
+                slot.assign_synced(new)
+
+    def _hyper_vector(self, step):
+        """The step's hyper-parameters as one float64 vector (ops/optim.py encodes it)."""
         raise NotImplementedError
+
+    def _updated(self, value, slots, g, hyper) -> tuple:
+        """(new value, new slot values...) of one fused update kernel: on whole variables,
+        or on a replica's flat shards of them (zero_stage > 0)."""
+        raise NotImplementedError
+
+    def _apply_sparse(self, g, v, hyper) -> None:
+        raise NotImplementedError
+
+    def _make_slots(self, var: Variable) -> None:
+        for name in self.slot_names:
+            self.slot(var, name)
 
     def _sparse_update(self, g) -> bool:
         """Does `_apply` take this row-sparse gradient as it is? Others get it densified:
@@ -245,8 +393,12 @@ class Optimizer:
         return False
 
     def variables(self) -> list:
-        """iterations, the hyper-parameter variables, then the slots."""
-        return [self.iterations, *self._hyper.values(), *self._slots.values()]
+        """iterations, the hyper-parameter variables, then the slots (a sharded slot's
+        per-replica shard variable), then the accumulation state."""
+        slots = [getattr(s, "shard", s) for s in self._slots.values()]
+        accumulation = [self._accumulation_step] if self._accumulation_step is not None else []
+        return [self.iterations, *self._hyper.values(), *slots, *accumulation,
+                *self._accumulators.values()]
 
 
 def require_loss_scaling(opt) -> None:
@@ -351,8 +503,10 @@ class SGD(Optimizer):
     weight_decay = _Hyper()
 
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, weight_decay=0.0,
-                 gradient_reduction="mean", clipnorm=None, global_clipnorm=None, name="SGD"):
-        super().__init__(name, gradient_reduction, clipnorm, global_clipnorm)
+                 gradient_reduction="mean", clipnorm=None, global_clipnorm=None, name="SGD",
+                 gradient_accumulation_steps=None):
+        super().__init__(name, gradient_reduction, clipnorm, global_clipnorm,
+                         gradient_accumulation_steps)
         self.nesterov = bool(nesterov)
         given = momentum.numpy() if isinstance(momentum, Variable) else momentum
         self._uses_momentum = self._checked("momentum", given) > 0
@@ -376,25 +530,24 @@ class SGD(Optimizer):
     def _sparse_update(self, g) -> bool:
         return isinstance(g, IndexedSlices) and not self._uses_momentum   # a scatter update
 
-    def _apply(self, pairs, step) -> None:
+    def _hyper_vector(self, step):
         lr, weight_decay = self._read_hyper("learning_rate"), self._read_hyper("weight_decay")
         if self._uses_momentum:
             fields = optim.MomentumHyper(lr=lr, momentum=self._read_hyper("momentum"),
                                          weight_decay=weight_decay)
         else:
             fields = optim.SGDHyper(lr=lr, weight_decay=weight_decay)
-        hyper = bind(optim.hyper_p, *fields.encode())
-        for g, v in pairs:
-            if isinstance(g, IndexedSlices):
-                g = sum_duplicates(g)     # each row once: the dense update's sums, in order
-                new_v = bind(optim.sparse_sgd_p, v, g.indices, g.values, hyper)
-            elif self._uses_momentum:
-                m = self.slot(v, "momentum")
-                new_v, new_m = bind(optim.momentum_p, v, m, g, hyper, nesterov=self.nesterov)
-                m.assign_synced(new_m)
-            else:
-                new_v = bind(optim.sgd_p, v, g, hyper)
-            v.assign_synced(new_v)
+        return bind(optim.hyper_p, *fields.encode())
+
+    def _updated(self, value, slots, g, hyper) -> tuple:
+        if self._uses_momentum:
+            return tuple(bind(optim.momentum_p, value, slots[0], g, hyper,
+                              nesterov=self.nesterov))
+        return (bind(optim.sgd_p, value, g, hyper),)
+
+    def _apply_sparse(self, g, v, hyper) -> None:
+        g = sum_duplicates(g)     # each row once: the dense update's sums, in order
+        v.assign_synced(bind(optim.sparse_sgd_p, v, g.indices, g.values, hyper))
 
 
 def _no_weight_decay(opt, value):
@@ -417,12 +570,14 @@ class Adam(Optimizer):
     slot_names = ("m", "v")
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
-                 gradient_reduction="mean", clipnorm=None, global_clipnorm=None, name="Adam"):
-        super().__init__(name, gradient_reduction, clipnorm, global_clipnorm)
+                 gradient_reduction="mean", clipnorm=None, global_clipnorm=None, name="Adam",
+                 gradient_accumulation_steps=None):
+        super().__init__(name, gradient_reduction, clipnorm, global_clipnorm,
+                         gradient_accumulation_steps)
         self._build_hyper(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
                           epsilon=epsilon)
 
-    def _apply(self, pairs, step) -> None:
+    def _hyper_vector(self, step):
         t = cast(step, "float64")
         lr, beta_1, beta_2, epsilon = (self._read_hyper(name) for name in
                                        ("learning_rate", "beta_1", "beta_2", "epsilon"))
@@ -433,13 +588,10 @@ class Adam(Optimizer):
             decay = multiply(lr, self._read_hyper("weight_decay"))
         fields = optim.AdamHyper(lr_t=lr_t, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
                                  weight_decay_lr=decay)
-        hyper = bind(optim.hyper_p, *fields.encode())
-        for g, v in pairs:
-            m, s = self.slot(v, "m"), self.slot(v, "v")
-            new_v, new_m, new_s = bind(optim.adam_p, v, m, s, g, hyper)
-            v.assign_synced(new_v)
-            m.assign_synced(new_m)
-            s.assign_synced(new_s)
+        return bind(optim.hyper_p, *fields.encode())
+
+    def _updated(self, value, slots, g, hyper) -> tuple:
+        return tuple(bind(optim.adam_p, value, slots[0], slots[1], g, hyper))
 
 
 class AdamW(Adam):
@@ -450,9 +602,9 @@ class AdamW(Adam):
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  weight_decay=0.004, gradient_reduction="mean", clipnorm=None,
-                 global_clipnorm=None, name="AdamW"):
+                 global_clipnorm=None, name="AdamW", gradient_accumulation_steps=None):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, gradient_reduction, clipnorm,
-                         global_clipnorm, name)
+                         global_clipnorm, name, gradient_accumulation_steps)
         self._build_hyper(weight_decay=weight_decay)
 
 

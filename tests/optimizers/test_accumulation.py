@@ -1,0 +1,272 @@
+"""gradient_accumulation_steps=k: k-1 local micro-steps (no collective), then one all-reduce
+and one update, equal to one step on the k micro-batches together. Every case is checked
+against a numpy reference of the big-batch step (float64 formulas, independent of the
+optimizer kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+
+RNG = np.random.default_rng(7)
+W0 = RNG.standard_normal((4, 3)).astype(np.float32)
+B0 = RNG.standard_normal(3).astype(np.float32) * 0.1
+LR = 0.05
+
+
+def _devices(n):
+    return [f"cpu:{i}" for i in range(n)]
+
+
+def _batches(count, rows):
+    return [(RNG.standard_normal((rows, 4)).astype(np.float32),
+             RNG.standard_normal((rows, 3)).astype(np.float32)) for _ in range(count)]
+
+
+def _grads(w, b, x, y):
+    """d/d(w, b) of mean((tanh(x w + b) - y)^2) over every entry, in float64."""
+    a = np.tanh(x @ w + b)
+    dz = 2 * (a - y) / a.size * (1 - a * a)
+    return [x.T @ dz, dz.sum(axis=0)]
+
+
+def _reference(kind, windows, clip=None):
+    """The parameters after one big-batch step per window (all its micro-batches together)."""
+    params = [W0.astype(np.float64), B0.astype(np.float64)]
+    slots = [[np.zeros_like(p) for p in params] for _ in range(2)]
+    for t, window in enumerate(windows, start=1):
+        x = np.concatenate([x for x, _ in window]).astype(np.float64)
+        y = np.concatenate([y for _, y in window]).astype(np.float64)
+        grads = _grads(*params, x, y)
+        if clip is not None:
+            norm = np.sqrt(sum((g * g).sum() for g in grads))
+            grads = [g * clip / max(norm, clip) for g in grads]
+        for i, g in enumerate(grads):
+            if kind == "sgd":
+                slots[0][i] = 0.9 * slots[0][i] + g
+                params[i] = params[i] - LR * slots[0][i]
+            else:
+                m = slots[0][i] = 0.9 * slots[0][i] + 0.1 * g
+                v = slots[1][i] = 0.999 * slots[1][i] + 0.001 * g * g
+                lr_t = LR * np.sqrt(1 - 0.999**t) / (1 - 0.9**t)
+                params[i] = params[i] - lr_t * m / (np.sqrt(v) + 1e-7)
+    return params
+
+
+def _optimizer(kind, k, **kw):
+    if kind == "sgd":
+        return gd.optimizers.SGD(LR, momentum=0.9, gradient_accumulation_steps=k, **kw)
+    return gd.optimizers.Adam(LR, gradient_accumulation_steps=k, **kw)
+
+
+def _setup(kind, n, k, **kw):
+    strategy = gd.MirroredStrategy(_devices(n)) if n > 1 else gd.get_strategy()
+    with strategy.scope():
+        w = gd.Variable(W0, name="w")
+        b = gd.Variable(B0, name="b")
+        opt = _optimizer(kind, k, **kw)
+
+    def replica_fn(x, y):
+        with gd.GradientTape() as tape:
+            loss = gd.reduce_mean(gd.square(gd.tanh(x @ w + b) - y))
+        opt.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
+        return loss
+
+    if n == 1:
+        return strategy, w, b, opt, gd.function(replica_fn)
+    return strategy, w, b, opt, gd.function(lambda x, y: strategy.run(replica_fn, args=(x, y)))
+
+
+def _split(strategy, n, x, y):
+    """Replica r gets rows r*B/n..: the global micro-batch split as the data split cuts it."""
+    if n == 1:
+        return x, y
+    xs, ys = np.array_split(x, n), np.array_split(y, n)
+    per = strategy.experimental_distribute_values_from_function
+    return (per(lambda ctx: xs[ctx.replica_id_in_sync_group]),
+            per(lambda ctx: ys[ctx.replica_id_in_sync_group]))
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("n,k", [(1, 2), (2, 2), (2, 4), (4, 2)])
+def test_accumulated_step_equals_the_big_batch_step(kind, n, k):
+    strategy, w, b, opt, step = _setup(kind, n, k)
+    windows = [_batches(k, 4 * n) for _ in range(2)]
+    for w_i, window in enumerate(windows):
+        for i, (x, y) in enumerate(window):
+            step(*_split(strategy, n, x, y))
+            # iterations counts applied updates only
+            assert int(opt.iterations.numpy()) == w_i + (i == k - 1)
+            assert int(opt.accumulation_step.numpy()) == (i + 1) % k
+    ref = _reference(kind, windows)
+    np.testing.assert_allclose(w.numpy(), ref[0], rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(b.numpy(), ref[1], rtol=2e-5, atol=2e-6)
+    for var in (w, b):                     # every replica holds the same parameters
+        for component in var.values[1:]:
+            np.testing.assert_array_equal(component, var.values[0])
+    assert step.trace_count == 2           # one micro-step program, one applying program
+
+
+def test_k_1_is_the_plain_optimizer():
+    strategy, w, b, opt, step = _setup("sgd", 2, 1)
+    window = _batches(1, 8)
+    step(*_split(strategy, 2, *window[0]))
+    assert opt.accumulation_step is None and int(opt.iterations.numpy()) == 1
+    np.testing.assert_allclose(w.numpy(), _reference("sgd", [window])[0], rtol=2e-5, atol=2e-6)
+
+
+def test_micro_steps_communicate_nothing_and_the_applying_call_all_reduces_once():
+    strategy, w, b, opt, step = _setup("sgd", 2, 3)
+    window = _batches(3, 8)
+
+    def collectives(trace):
+        return [e for e in trace["traceEvents"]
+                if e.get("ph") == "X" and e.get("cat") == "collective"]
+
+    micro = step.profile(*_split(strategy, 2, *window[0]))
+    assert collectives(micro) == []
+    assert "all_reduce" not in str(step.replicated_graph)
+    step(*_split(strategy, 2, *window[1]))
+    applying = step.profile(*_split(strategy, 2, *window[2]))
+    assert collectives(applying)
+    assert int(opt.iterations.numpy()) == 1
+    graph = str(step.graph)
+    assert graph.count("all_reduce") == 1       # w and b in one bucket
+    np.testing.assert_allclose(w.numpy(), _reference("sgd", [window])[0], rtol=2e-5,
+                               atol=2e-6)
+
+
+def test_global_clipnorm_clips_the_window_gradient():
+    strategy, w, b, opt, step = _setup("sgd", 2, 2, global_clipnorm=0.05)
+    windows = [_batches(2, 8) for _ in range(2)]
+    for window in windows:
+        for x, y in window:
+            step(*_split(strategy, 2, x, y))
+    ref = _reference("sgd", windows, clip=0.05)
+    np.testing.assert_allclose(w.numpy(), ref[0], rtol=2e-5, atol=2e-6)
+    unclipped = _reference("sgd", windows)
+    assert not np.allclose(ref[0], unclipped[0], rtol=1e-3)     # the clip mattered
+
+
+def test_sum_reduction_sums_the_window():
+    # gradient_reduction="sum": the update takes the sum over replicas and micro-steps
+    strategy = gd.MirroredStrategy(_devices(2))
+    with strategy.scope():
+        v = gd.Variable(np.zeros(3, np.float32), name="v")
+        opt = gd.optimizers.SGD(1.0, gradient_reduction="sum", gradient_accumulation_steps=3)
+
+    @gd.function
+    def step(g):
+        return strategy.run(lambda g: opt.apply_gradients([(g, v)]), args=(g,))
+
+    grads = [RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(3)]
+    for g in grads:
+        step(strategy.experimental_distribute_values_from_function(
+            lambda ctx, g=g: g[ctx.replica_id_in_sync_group]))
+    np.testing.assert_allclose(v.numpy(), -np.sum(grads, axis=(0, 1), dtype=np.float64),
+                               rtol=1e-6)
+
+
+def test_sparse_gradients_accumulate():
+    strategy = gd.MirroredStrategy(_devices(2))
+    table0 = RNG.standard_normal((6, 2)).astype(np.float32)
+    with strategy.scope():
+        table = gd.Variable(table0, name="table")
+        opt = gd.optimizers.SGD(0.5, gradient_accumulation_steps=2)
+
+    @gd.function
+    def step(ids):
+        def replica_fn(ids):
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_sum(gd.gather(table, ids))
+            (g,) = tape.gradient(loss, [table])
+            assert isinstance(g, gd.IndexedSlices)
+            opt.apply_gradients([(g, table)])
+            return loss
+
+        return strategy.run(replica_fn, args=(ids,))
+
+    ids = [np.array([[0, 1], [1, 5]], np.int32), np.array([[2, 2], [0, 3]], np.int32)]
+    for batch in ids:
+        step(strategy.experimental_distribute_values_from_function(
+            lambda ctx, batch=batch: batch[ctx.replica_id_in_sync_group]))
+    counts = np.zeros(6)
+    for batch in ids:
+        np.add.at(counts, batch.reshape(-1), 1.0)
+    # mean over 2 replicas and over 2 micro-steps: each lookup's gradient is 1 / 4
+    expected = table0 - 0.5 * (counts / 4)[:, None]
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6)
+
+
+def test_a_non_finite_micro_step_skips_only_its_window():
+    strategy = gd.MirroredStrategy(_devices(2))
+    with strategy.scope():
+        w = gd.Variable(W0, name="w")
+        b = gd.Variable(B0, name="b")
+        opt = gd.optimizers.LossScaleOptimizer(_optimizer("sgd", 2), initial_scale=4.0)
+
+    @gd.function
+    def step(x, y):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_mean(gd.square(gd.tanh(x @ w + b) - y))
+                scaled = opt.get_scaled_loss(loss)
+            grads = opt.get_unscaled_gradients(tape.gradient(scaled, [w, b]))
+            opt.apply_gradients(zip(grads, [w, b]))
+            return loss
+
+        return strategy.run(replica_fn, args=(x, y))
+
+    poisoned = _batches(2, 8)
+    x_bad = poisoned[0][0].copy()
+    x_bad[5, 1] = np.inf                               # a row of replica 1's shard only
+    poisoned[0] = (x_bad, poisoned[0][1])
+    for x, y in poisoned:
+        step(*_split(strategy, 2, x, y))
+    np.testing.assert_array_equal(w.numpy(), W0)       # the window was skipped everywhere
+    assert int(opt.iterations.numpy()) == 0 and float(opt.loss_scale.numpy()) == 2.0
+    for component in w.values[1:]:
+        np.testing.assert_array_equal(component, w.values[0])
+    good = _batches(2, 8)                              # the next window is whole again
+    for x, y in good:
+        step(*_split(strategy, 2, x, y))
+    assert int(opt.iterations.numpy()) == 1
+    np.testing.assert_allclose(w.numpy(), _reference("sgd", [good])[0], rtol=2e-5, atol=2e-6)
+
+
+def test_experimental_run_steps_switches_programs_inside_the_loop():
+    strategy, w, b, opt, _ = _setup("adam", 2, 2)
+
+    def replica_fn(x, y):
+        with gd.GradientTape() as tape:
+            loss = gd.reduce_mean(gd.square(gd.tanh(x @ w + b) - y))
+        opt.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
+        return loss
+
+    def fn(ctx, x, y):
+        ctx.set_last_step_output("loss", strategy.run(replica_fn, args=(x, y)), "mean")
+
+    windows = [_batches(2, 8) for _ in range(2)]
+    batches = [_split(strategy, 2, x, y) for window in windows for x, y in window]
+    ctx = strategy.experimental_run_steps(fn, iter(batches), steps=4)
+    assert ctx.steps_run == 4 and int(opt.iterations.numpy()) == 2
+    ref = _reference("adam", windows)
+    np.testing.assert_allclose(w.numpy(), ref[0], rtol=2e-5, atol=2e-6)
+
+
+def test_eager_apply_gradients_accumulates():
+    v = gd.Variable(np.ones(2, np.float32), name="v")
+    opt = gd.optimizers.SGD(1.0, gradient_accumulation_steps=2)
+    opt.apply_gradients([(np.array([1.0, 2.0], np.float32), v)])
+    np.testing.assert_array_equal(v.numpy(), [1.0, 1.0])
+    opt.apply_gradients([(np.array([3.0, 0.0], np.float32), v)])
+    np.testing.assert_allclose(v.numpy(), [1.0 - 2.0, 1.0 - 1.0])
+    assert int(opt.iterations.numpy()) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_accumulation_steps_are_refused(bad):
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be an int"):
+        gd.optimizers.Adam(gradient_accumulation_steps=bad)
