@@ -26,9 +26,9 @@ from mpi_launch import MPIEXEC, needs_mpi  # noqa: E402
 LAUNCH = [sys.executable, "-m", "graphdist", "launch", "-n", "2"]
 
 
-def _run(command, timeout=60):
+def _run(command, timeout=60, env=None):
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     return done, time.perf_counter() - start
 
 
@@ -76,14 +76,23 @@ def test_under_mpiexec_too_the_other_worker_names_the_failure_and_the_job_exits(
 
 
 @needs_mpi
-def test_a_hung_worker_is_named_at_the_timeout_and_the_launch_exits(tmp_path):
-    done, seconds = _run([*LAUNCH, FAULTS, str(tmp_path), "hang"])     # timeout 3 s inside
+@pytest.mark.parametrize("check, waiting_in", [
+    # every call checks the schedule first: worker 0 waits in that header's exchange
+    ("every", "the check of the workers' collective schedules (call"),
+    # first calls only: it waits in the step's gradient all-reduce, traced in sgd_worker.py
+    ("first", "an all-reduce of f32[12] (call")])
+def test_a_hung_worker_is_named_at_the_timeout_and_the_launch_exits(tmp_path, check,
+                                                                     waiting_in):
+    done, seconds = _run([*LAUNCH, FAULTS, str(tmp_path), "hang"],     # timeout 3 s inside
+                         env={**os.environ, "GRAPHDIST_SCHEDULE_CHECK": check})
     assert done.returncode != 0
     assert seconds < 3 + 15, seconds          # no hang in MPI_Finalize (about 5.5 s measured)
     message = _reports(tmp_path)[0]["message"]
-    assert "worker 0: timed out after 3 s in the check of the workers' collective " \
-           "schedules" in message
+    assert f"worker 0: timed out after 3 s in {waiting_in}" in message
     assert "at faults.py:" in message and "step(x, y)" in message      # the user's line
+    if check == "first":      # and the line the collective's node was traced at
+        assert "step(x, y); traced at sgd_worker.py:" in message
+        assert "opt.apply_gradients([(tape.gradient(loss, w), w)])" in message
     assert "ranks that had arrived: [0]" in message
     assert "worker 1: no answer" in message
     assert "recent: call" in message                                   # the flight recorder

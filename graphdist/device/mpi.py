@@ -228,6 +228,7 @@ class Group:
         self._lost = False        # the launcher said another worker failed
         self.recent = collections.deque(maxlen=_RECENT)    # the flight recorder
         self._calls = 0
+        self._program = None      # (traced lines, calls before it) of the running program
         # the workers on this host share its cores (BLAS and kernel threads per worker)
         host = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
         self.on_this_host = host.Get_size()
@@ -273,6 +274,25 @@ class Group:
             else np.empty(int(size[0]), np.uint8)
         self.bcast(buf, root, what)
         return obj if self.rank == root else decode(buf.tobytes())
+
+    # ------------------------------------------------------------ the running program
+    def enter_program(self, traced_lines: list):
+        """A compiled program starts: its k-th collective is the one `traced_lines[k]`
+        (its MPI nodes' source lines, in order) was traced at, for the flight recorder.
+        Returns what to hand `leave_program` (an outer program, if any)."""
+        outer = self._program
+        self._program = (traced_lines, self._calls)
+        return outer
+
+    def leave_program(self, outer) -> None:
+        self._program = outer
+
+    def _traced_line(self) -> str:
+        if self._program is None:
+            return ""
+        lines, before = self._program
+        k = self._calls - before - 1
+        return lines[k].strip() if 0 <= k < len(lines) and lines[k] else ""
 
     # ------------------------------------------------------------ failures
     def abort(self, error: BaseException | str) -> None:
@@ -344,7 +364,11 @@ class Group:
         raise error
 
     def _recorded(self) -> list:
-        return [{**entry, "line": _line_text(entry["line"])} for entry in self.recent]
+        """The flight recorder as text: each collective's caller line, and the line its
+        node was traced at (for a compiled program's)."""
+        return [{**entry, "line": _line_text(entry["line"]) + (
+            f"; traced at {entry['traced']}" if entry["traced"] else "")}
+            for entry in self.recent]
 
     def _wait(self, request, what: str) -> None:
         """Wait for `request` as a blocking MPI call would, by polling it: MPICH makes
@@ -354,7 +378,8 @@ class Group:
         eagerly, leaving the core to other work. With more workers than cores it yields
         the core after every poll. The collective goes into the flight recorder."""
         self._calls += 1
-        entry = {"call": self._calls, "what": what, "line": _caller_line(), "done": False}
+        entry = {"call": self._calls, "what": what, "line": _caller_line(),
+                 "traced": self._traced_line(), "done": False}
         self.recent.append(entry)
         timeout = config.collective_timeout()
         start = time.perf_counter()

@@ -138,6 +138,7 @@ class ScheduleChecked:
         self.group = group
         self.schedule = schedule
         self.digest = fingerprint(schedule)
+        self.lines = [e["line"] for e in schedule]
         self.checked = False
 
     def __call__(self, arrays):
@@ -145,7 +146,12 @@ class ScheduleChecked:
         if mode != "0" and not (self.checked and mode == "first"):
             agree(self.group, self.schedule, self.digest)
             self.checked = True
-        return self.inner(arrays)
+        # the group's flight recorder pairs the program's collectives with their traced lines
+        outer = self.group.enter_program(self.lines)
+        try:
+            return self.inner(arrays)
+        finally:
+            self.group.leave_program(outer)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

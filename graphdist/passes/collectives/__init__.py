@@ -52,6 +52,9 @@ def lower_collectives(g: Graph, cross_device_ops) -> Graph:
         results = emit(lowering, b, list(ins), devices, dict(eqn.params))
         b.scope = ""
         results = _name_lowering(b, start, results, [v.hint for v in eqn.outputs])
+        for i in range(start, len(b.eqns)):    # what it lowers to keeps the user's line
+            if not b.eqns[i].source:
+                b.eqns[i] = replace(b.eqns[i], source=eqn.source)
         rename.update(zip(eqn.outputs, results))
     return replace(g, eqns=tuple(b.eqns), outputs=tuple(sub(v) for v in g.outputs))
 
