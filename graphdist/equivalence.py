@@ -25,7 +25,6 @@ and what the combinations showed name the likely cause.
 from __future__ import annotations
 
 import difflib
-import inspect
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -384,19 +383,19 @@ def locate(one: _Run, many: _Run, step: int, rtol, atol) -> tuple:
                 continue
             parts = [many_env[t] for t in theirs]
             if agreement(one_env[v], parts, many.shares, rtol, atol, replicated=True) is None:
-                return _collective_finding(made, agreed.get(v), many, one, rtol, atol)
+                return _collective_finding(made, agreed.get(v), many)
         for k, v in enumerate(eqn.outputs):
             if v not in dependent or not is_float(v.ty.dtype):
                 continue
             parts = [many_env[c.outputs[k]] for c in counterparts]
             how = agreement(one_env[v], parts, many.shares, rtol, atol)
             if how is None:
-                return _node_finding(eqn, counterparts, agreed, one_env, parts, many)
+                return _node_finding(eqn, counterparts, agreed, one_env, many_env, many)
             agreed[v] = how
     return "", "", "", ""
 
 
-def _collective_finding(made, how_inputs, many, one, rtol, atol) -> tuple:
+def _collective_finding(made, how_inputs, many) -> tuple:
     params = ",".join(f"{k}={v}" for k, v in made.params)
     text = f"{made.op.name}[{params}] over {len(made.inputs)} replicas"
     op = dict(made.params).get("op")
@@ -411,7 +410,7 @@ def _collective_finding(made, how_inputs, many, one, rtol, atol) -> tuple:
     return text, made.source, detail, cause
 
 
-def _node_finding(eqn, counterparts, agreed, one_env, parts, many) -> tuple:
+def _node_finding(eqn, counterparts, agreed, one_env, many_env, many) -> tuple:
     text = eqn_text(eqn, device=False)
     if len(text) > 120:
         text = text[:117] + "..."
@@ -429,19 +428,22 @@ def _node_finding(eqn, counterparts, agreed, one_env, parts, many) -> tuple:
     elif name in KINK_OPS:
         cause = "rounding"
         detail = (f"its inputs agree within tolerance, yet its output jumps: an input lies "
-                  f"within rounding of the kink ({_nearest_kink(eqn, one_env)})")
+                  f"within rounding of the kink ({_nearest_kink(eqn, counterparts, one_env, many_env)})")
     elif any(how and ("summed" in how or how.startswith("weighted")) for how in ins):
         cause = "batch_norm"
     return text, eqn.source, detail, cause
 
 
-def _nearest_kink(eqn, one_env) -> str:
-    values = [one_env[v] for v in eqn.inputs if not isinstance(v, Lit) and v in one_env
+def _nearest_kink(eqn, counterparts, one_env, many_env) -> str:
+    """The float inputs' values closest to zero, on one device and on the replicas."""
+    def closest(arrays) -> float:
+        return min((float(np.min(np.abs(a))) for a in arrays if a.size), default=np.inf)
+
+    floats = [j for j, v in enumerate(eqn.inputs) if not isinstance(v, Lit)
               and is_float(v.ty.dtype)]
-    if not values:
-        return "no float input"
-    small = min(float(np.min(np.abs(v))) if v.size else np.inf for v in values)
-    return f"the one-device input closest to zero is {small:.3g}"
+    one = closest(one_env[eqn.inputs[j]] for j in floats)
+    theirs = closest(many_env[c.inputs[j]] for c in counterparts for j in floats)
+    return f"closest to zero: {one:.3g} on one device, {theirs:.3g} on the replicas"
 
 
 def _random_ancestor(eqn, g, depth: int = 6) -> bool:
@@ -573,11 +575,3 @@ def _float64_verdicts(builder, report, steps, rtol, atol) -> None:
             if d.cause == "rounding":
                 d.cause = ""
 
-
-def takes_dtype(builder) -> bool:
-    """Does the builder accept dtype= (what --float64 needs)?"""
-    try:
-        params = inspect.signature(builder).parameters
-    except (TypeError, ValueError):
-        return False
-    return "dtype" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
