@@ -99,7 +99,9 @@ class Model(Layer):
         self._compiled_metrics: list = []
         self._loss_tracker = None
         self._steps_per_execution = 1
-        self._train_fn = self._test_fn = self._predict_fn = None
+        self._bodies: dict = {}          # "train"/"test" -> the step as run_steps's fn
+        self._single_steps: dict = {}    # "train"/"test" -> gd.function of one step
+        self._predict_fn = None
         self._data_seed = 0
         self._resume = None
         self._batches_total = 0      # batches trained in this fit (callbacks' save_freq)
@@ -145,7 +147,7 @@ class Model(Layer):
         self.optimizer, self.loss, self.compiled_loss = optimizer, loss, loss_fn
         self._compiled_metrics, self._loss_tracker = made, tracker
         self._steps_per_execution = steps_per_execution
-        self._train_fn = self._test_fn = self._predict_fn = None
+        self._bodies, self._single_steps, self._predict_fn = {}, {}, None
 
     @property
     def metrics(self) -> list:
@@ -219,27 +221,35 @@ class Model(Layer):
         y_pred = self(x, training=False)
         self._update_metrics(x, y, y_pred, self._per_example_loss(y, y_pred))
 
-    def _train_function(self):
-        if self._train_fn is None:
+    def _step_body(self, which: str):
+        """fn(ctx, *batch) of one training ("train") or evaluation ("test") step, in
+        cross-replica context: strategy.run of train_step / test_step on the shards."""
+        if which not in self._bodies:
             strategy = self.distribute_strategy
+            replica_fn = self.train_step if which == "train" else self.test_step
 
-            def train_steps(ctx, x, y, scale):
-                strategy.run(self.train_step, args=(x, y, scale))
+            def steps(ctx, *batch):
+                with strategy.scope():
+                    strategy.run(replica_fn, args=batch)
 
-            train_steps.__name__ = f"{self.name}_train_step"
-            self._train_fn = train_steps
-        return self._train_fn
+            steps.__name__ = f"{self.name}_{which}_step"
+            self._bodies[which] = steps
+        return self._bodies[which]
 
-    def _test_function(self):
-        if self._test_fn is None:
-            strategy = self.distribute_strategy
-
-            def test_steps(ctx, x, y):
-                strategy.run(self.test_step, args=(x, y))
-
-            test_steps.__name__ = f"{self.name}_test_step"
-            self._test_fn = test_steps
-        return self._test_fn
+    def _execute(self, which: str, batches) -> int:
+        """Run the next steps_per_execution steps on `batches`; returns how many ran. k > 1
+        is one strategy.experimental_run_steps call; one step is a plain gd.function call
+        (about 0.1 ms less per step than a loop of one, which re-derives the signature)."""
+        body = self._step_body(which)
+        if self._steps_per_execution > 1:
+            return self.distribute_strategy.experimental_run_steps(
+                body, batches, self._steps_per_execution).steps_run
+        if which not in self._single_steps:
+            step = function(lambda *batch: body(None, *batch))
+            step.__name__ = body.__name__
+            self._single_steps[which] = step
+        self._single_steps[which](*next(batches))
+        return 1
 
     def _predict_function(self):
         if self._predict_fn is None:
@@ -356,11 +366,10 @@ class Model(Layer):
             step = skip
             while not self.stop_training and batches.has_next():
                 cbs.on_train_batch_begin(step)
-                ctx = strategy.experimental_run_steps(self._train_function(), batches,
-                                                      self._steps_per_execution)
-                step += ctx.steps_run
-                self._batches_total += ctx.steps_run
-                self._last_execution = ctx.steps_run
+                ran = self._execute("train", batches)
+                step += ran
+                self._batches_total += ran
+                self._last_execution = ran
                 cbs.on_train_batch_end(step - 1, self._logs() if batch_logs else None)
             skip = 0
             logs = self._logs()
@@ -408,13 +417,11 @@ class Model(Layer):
         return values[0] if len(values) == 1 else values
 
     def _evaluate(self, x, y, batch_size: int, cbs) -> dict:
-        strategy = self.distribute_strategy
         self._reset_metrics()
         cbs.on_test_begin()
         batches = _Peekable(self._distributed(self._batches(x, y, batch_size), False))
         while batches.has_next():
-            strategy.experimental_run_steps(self._test_function(), batches,
-                                            self._steps_per_execution)
+            self._execute("test", batches)
         logs = self._logs()
         cbs.on_test_end(logs)
         return logs
