@@ -224,7 +224,7 @@ class Checkpoint:
         if group is not None:
             _agree_on_restore(group, path, values, None)
         for target, key in plan.writes:            # every check passed: now write
-            if not isinstance(target, Variable):
+            if isinstance(target, tuple):
                 opt, var, name = target            # a slot the optimizer has not made yet
                 target = opt.slot(var, name)
             value = values[key] if key is not None else np.zeros(target.shape, target.dtype)

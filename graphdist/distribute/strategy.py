@@ -263,7 +263,8 @@ class ReplicaContext:
 class Strategy:
     """The distribution API common to every strategy; one replica per device in `devices`."""
 
-    def __init__(self, devices, cross_device_ops=None, bucket_bytes: int = 25 * 2**20):
+    def __init__(self, devices, cross_device_ops=None, bucket_bytes: int = 25 * 2**20,
+                 zero_stage: int = 0):
         devices = [devices] if isinstance(devices, str) else list(devices)
         if not devices:
             raise ValueError(f"{type(self).__name__}: the device list is empty")
@@ -277,6 +278,12 @@ class Strategy:
                              "not supported: use devices of one kind (all cpu:N, say)")
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2):
+            raise ValueError(f"{type(self).__name__}: zero_stage must be 0, 1 or 2, got "
+                             f"{zero_stage!r}")
+        # ZeRO: 1 shards the optimizer slots over the replicas (gradients reduce-scattered,
+        # parameters all-gathered), 2 also the reduced gradients (optimizers/zero.py)
+        self.zero_stage = int(zero_stage)
         from graphdist.distribute.cross_device_ops import CrossDeviceOps, choose_cross_device_ops
 
         if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
@@ -558,10 +565,11 @@ class MirroredStrategy(Strategy):
     2
     """
 
-    def __init__(self, devices=None, cross_device_ops=None, bucket_bytes: int = 25 * 2**20):
+    def __init__(self, devices=None, cross_device_ops=None, bucket_bytes: int = 25 * 2**20,
+                 zero_stage: int = 0):
         if devices is None:
             devices = default_devices()
-        super().__init__(devices, cross_device_ops, bucket_bytes)
+        super().__init__(devices, cross_device_ops, bucket_bytes, zero_stage)
 
 
 class _DefaultStrategy(OneDeviceStrategy):

@@ -1,0 +1,195 @@
+"""zero_stage=1|2: slots sharded over the replicas, gradients reduce-scattered in buckets,
+parameters all-gathered. Parameters and (whole) slots are compared with zero_stage=0 run
+on the same data: bit for bit where only the reduction's order matters (it is the same),
+within float32 rounding where clipping sums squares per shard."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+
+RNG = np.random.default_rng(3)
+W0 = RNG.standard_normal((5, 3)).astype(np.float32)
+B0 = RNG.standard_normal(3).astype(np.float32) * 0.1
+DATA = [(RNG.standard_normal((8, 5)).astype(np.float32),
+         RNG.standard_normal((8, 3)).astype(np.float32)) for _ in range(4)]
+
+
+def _optimizer(kind, **kw):
+    return {"sgd": lambda: gd.optimizers.SGD(0.05, **kw),
+            "momentum": lambda: gd.optimizers.SGD(0.05, momentum=0.9, nesterov=True, **kw),
+            "adam": lambda: gd.optimizers.Adam(0.05, **kw),
+            "adamw": lambda: gd.optimizers.AdamW(0.05, weight_decay=0.1, **kw)}[kind]()
+
+
+class Run:
+    """w, b and an optimizer under a MirroredStrategy of n replicas at `stage`."""
+
+    def __init__(self, stage, kind="adam", n=4, loss_scale=False, **kw):
+        self.n = n
+        self.strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(n)], zero_stage=stage)
+        with self.strategy.scope():
+            self.w = gd.Variable(W0, name="w")
+            self.b = gd.Variable(B0, name="b")
+            self.opt = _optimizer(kind, **kw)
+            if loss_scale:
+                self.opt = gd.optimizers.LossScaleOptimizer(self.opt, initial_scale=4.0)
+        opt, w, b = self.opt, self.w, self.b
+
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_mean(gd.square(gd.tanh(x @ w + b) - y))
+                if loss_scale:
+                    loss = opt.get_scaled_loss(loss)
+            grads = tape.gradient(loss, [w, b])
+            if loss_scale:
+                grads = opt.get_unscaled_gradients(grads)
+            opt.apply_gradients(zip(grads, [w, b]))
+            return loss
+
+        self.step = gd.function(lambda x, y: self.strategy.run(replica_fn, args=(x, y)))
+
+    def __call__(self, x, y):
+        xs, ys = np.array_split(x, self.n), np.array_split(y, self.n)
+        per = self.strategy.experimental_distribute_values_from_function
+        return self.step(per(lambda c: xs[c.replica_id_in_sync_group]),
+                         per(lambda c: ys[c.replica_id_in_sync_group]))
+
+    def train(self, batches):
+        for x, y in batches:
+            self(x, y)
+        return self
+
+    @property
+    def inner(self):
+        return getattr(self.opt, "inner_optimizer", self.opt)
+
+    def state(self):
+        return {"w": self.w.numpy(), "b": self.b.numpy(),
+                **{k: np.asarray(s.numpy()) for k, s in self.inner.slots().items()}}
+
+
+def _assert_same(a, b, exact=True):
+    assert a.keys() == b.keys()
+    for key in a:
+        if exact:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam", "adamw"])
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("n", [2, 4])
+def test_sharded_steps_give_stage_0s_parameters_and_slots_bit_for_bit(kind, stage, n):
+    base = Run(0, kind, n).train(DATA)
+    sharded = Run(stage, kind, n).train(DATA)
+    _assert_same(base.state(), sharded.state())
+    for var in (sharded.w, sharded.b):                # every replica's copy is the same
+        for component in var.values[1:]:
+            np.testing.assert_array_equal(component, var.values[0])
+
+
+def test_each_replica_keeps_one_nth_of_every_slot():
+    run = Run(1, "adam", 4).train(DATA[:1])
+    slots = run.opt.slots()
+    assert set(slots) == {"w/m", "w/v", "b/m", "b/v"}
+    assert [c.shape for c in slots["w/m"].values] == [(4,)] * 4      # ceil(15 / 4)
+    assert [c.shape for c in slots["b/v"].values] == [(1,)] * 4      # ceil(3 / 4)
+    assert slots["w/m"].numpy().shape == (5, 3)                       # read whole
+    # the padding (w: 16 - 15 elements, b: 4 - 3) stays zero on the last replica
+    assert slots["w/v"].values[3][-1] == 0 and slots["b/v"].values[3][0] == 0
+
+
+def test_the_graph_reduce_scatters_and_all_gathers_instead_of_all_reducing():
+    run = Run(1, "momentum", 2).train(DATA[:1])
+    text = str(run.step.graph)
+    assert text.count("reduce_scatter[") == 1 and text.count("all_gather[") == 1  # one bucket
+    assert "all_reduce" not in text
+    tiny = Run(1, "momentum", 2)
+    tiny.strategy.bucket_bytes = 16       # w's and b's gradients in buckets of their own
+    tiny.train(DATA[:1])
+    assert str(tiny.step.graph).count("reduce_scatter[") == 2
+
+
+@pytest.mark.parametrize("clip", [{"global_clipnorm": 0.05}, {"clipnorm": 0.05}])
+def test_clipping_from_the_shards(clip):
+    base = Run(0, "momentum", 4, **clip).train(DATA)
+    sharded = Run(2, "momentum", 4, **clip).train(DATA)
+    _assert_same(base.state(), sharded.state(), exact=False)
+    unclipped = Run(0, "momentum", 4).train(DATA)
+    assert not np.allclose(unclipped.w.numpy(), base.w.numpy(), rtol=1e-3)
+    text = str(sharded.step.graph)
+    assert text.count("all_reduce") == 1      # the sums of squares: one small all-reduce
+
+
+def test_loss_scaling_skips_a_non_finite_step_on_every_replica():
+    bad = DATA[1][0].copy()
+    bad[7, 0] = np.inf                         # in the last replica's shard only
+    batches = [DATA[0], (bad, DATA[1][1]), DATA[2]]
+    base = Run(0, "adam", 4, loss_scale=True).train(batches)
+    sharded = Run(1, "adam", 4, loss_scale=True).train(batches)
+    assert int(sharded.opt.iterations.numpy()) == 2
+    assert float(sharded.opt.loss_scale.numpy()) == 2.0
+    _assert_same(base.state(), sharded.state())
+
+
+def test_sparse_gradients_are_densified():
+    table0 = RNG.standard_normal((6, 2)).astype(np.float32)
+    ids = [np.array([[0, 1], [1, 5], [2, 2], [0, 3]], np.int32)]
+
+    def run(stage):
+        strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"], zero_stage=stage)
+        with strategy.scope():
+            table = gd.Variable(table0, name="table")
+            opt = gd.optimizers.Adam(0.1)
+
+        @gd.function
+        def step(ids):
+            def replica_fn(ids):
+                with gd.GradientTape() as tape:
+                    loss = gd.reduce_sum(gd.square(gd.gather(table, ids)))
+                opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+                return loss
+
+            return strategy.run(replica_fn, args=(ids,))
+
+        for batch in ids * 2:
+            halves = np.array_split(batch, 2)
+            step(strategy.experimental_distribute_values_from_function(
+                lambda c: halves[c.replica_id_in_sync_group]))
+        return table.numpy()
+
+    np.testing.assert_allclose(run(1), run(0), rtol=1e-6, atol=1e-7)
+
+
+def test_accumulation_with_sharded_state():
+    base = Run(0, "adam", 2, gradient_accumulation_steps=2).train(DATA)
+    sharded = Run(1, "adam", 2, gradient_accumulation_steps=2).train(DATA)
+    assert int(sharded.opt.iterations.numpy()) == 2
+    _assert_same(base.state(), sharded.state())
+
+
+@pytest.mark.parametrize("save,restore", [((1, 4), (0, 2)), ((0, 2), (1, 4)),
+                                          ((2, 2), (2, 4))])
+def test_checkpoints_hold_whole_slots_and_restore_into_any_count_and_stage(tmp_path, save,
+                                                                         restore):
+    first = Run(save[0], "adam", save[1]).train(DATA[:2])
+    path = gd.Checkpoint(w=first.w, b=first.b, opt=first.opt).save(tmp_path / "ckpt.npz")
+    with np.load(path) as f:                               # whole slots in the file
+        assert f["opt/slots/w/m"].shape == (5, 3)
+    second = Run(restore[0], "adam", restore[1])
+    gd.Checkpoint(w=second.w, b=second.b, opt=second.opt).restore(path).assert_consumed()
+    _assert_same(first.state(), second.state())
+    assert int(second.opt.iterations.numpy()) == 2
+    second.train(DATA[2:])
+    straight = Run(0, "adam", restore[1]).train(DATA)
+    _assert_same(straight.state(), second.state(), exact=False)
+
+
+@pytest.mark.parametrize("bad", [3, -1, True, "1"])
+def test_bad_zero_stage_is_refused(bad):
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
+        gd.MirroredStrategy(["cpu:0", "cpu:1"], zero_stage=bad)
