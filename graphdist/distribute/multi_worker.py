@@ -106,7 +106,7 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
     """
 
     def __init__(self, local_devices=None, cross_device_ops=None,
-                 bucket_bytes: int = 25 * 2**20):
+                 bucket_bytes: int = 25 * 2**20, zero_stage: int = 0):
         from graphdist.device.mpi import install_failure_hooks, world
 
         if cross_device_ops is not None:
@@ -118,7 +118,7 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         if local_devices is None and os.environ.get("GRAPHDIST_DEVICES_PER_WORKER"):
             count = int(os.environ["GRAPHDIST_DEVICES_PER_WORKER"])
             local_devices = [f"cpu:{i}" for i in range(count)]
-        super().__init__(local_devices, None, bucket_bytes)
+        super().__init__(local_devices, None, bucket_bytes, zero_stage)
         self.cross_device_ops = MpiAllReduce(self._group, self.num_replicas_in_sync,
                                              self._first_replica)
         self.cross_device_ops_chosen = False     # never merged: the workers are processes
