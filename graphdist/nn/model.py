@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import math
 
 import numpy as np
@@ -26,7 +27,7 @@ from graphdist.autodiff import GradientTape
 from graphdist.function import function
 from graphdist.nn.layers import Layer, _shape
 from graphdist.ops.array import cast
-from graphdist.ops.math import multiply, reduce_sum
+from graphdist.ops.math import multiply, reduce_mean, reduce_sum
 from graphdist.optimizers.loss_scale import LossScaleOptimizer
 from graphdist.trace import name_scope
 
@@ -66,6 +67,11 @@ class _Peekable:
             except StopIteration:
                 return False
         return True
+
+    def peek(self):
+        if not self.has_next():
+            raise ValueError("fit: the dataset is empty")
+        return self._next[0]
 
     def __iter__(self):
         return self
@@ -191,6 +197,9 @@ class Model(Layer):
                              "(the model divides their sum by the global batch size)")
         if np.dtype(per_example.dtype).itemsize < 4:
             per_example = cast(per_example, "float32")
+        if len(_shape(per_example)) > 1:        # (batch, time): each example's mean, so the
+            per_example = reduce_mean(            # step's loss is the mean over every element,
+                per_example, axis=tuple(range(1, len(_shape(per_example)))))   # as Keras's
         return per_example
 
     def _update_metrics(self, x, y, y_pred, per_example) -> None:
@@ -305,7 +314,9 @@ class Model(Layer):
         """Make the variables (under the strategy, before any trace) from one example."""
         if self.built:
             return
-        if y is None and not isinstance(x, np.ndarray):
+        if isinstance(x, _Peekable):
+            sample = x.peek()[0]
+        elif y is None and not isinstance(x, np.ndarray):
             sample = next(iter(x))[0]
         else:
             sample = x
@@ -326,28 +337,35 @@ class Model(Layer):
 
     # ------------------------------------------------------------ fit
     def fit(self, x=None, y=None, batch_size: int = 32, epochs: int = 1, validation_data=None,
-            callbacks=None, shuffle: bool = True, initial_epoch: int = 0, verbose: int = 1):
+            callbacks=None, shuffle: bool = True, initial_epoch: int = 0, verbose: int = 1,
+            steps_per_epoch: int | None = None):
         """Train for `epochs` epochs over `x`, `y` (arrays: global batches of `batch_size`,
         shuffled each epoch, the last one partial) or over `x`, an iterable of (x, y)
-        global batches. Returns a gd.callbacks.History."""
+        global batches (an iterator or generator is read on across epochs; give
+        `steps_per_epoch` for an endless one). Returns a gd.callbacks.History."""
         self._require_compiled("fit")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"fit: batch_size must be an int >= 1, got {batch_size!r}")
         if y is not None and _rows(_first_leaf(x)) != _rows(_first_leaf(y)):
             raise ValueError(f"fit: x has {_rows(_first_leaf(x))} rows, y has "
                              f"{_rows(_first_leaf(y))}")
-        strategy = self.distribute_strategy
+        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(
+                steps_per_epoch, int) or steps_per_epoch < 1):
+            raise ValueError(f"fit: steps_per_epoch must be an int >= 1 or None, got "
+                             f"{steps_per_epoch!r}")
+        if y is None and not isinstance(x, np.ndarray) and iter(x) is x:
+            x = _Peekable(x)            # an iterator: build from its first batch, keep it
         self._ensure_built(x, y)
         history = callbacks_module.History()
         extra = [callbacks_module.ProgbarLogger(verbose)] if verbose else []
-        steps = self._steps_of(x, y, batch_size)
+        steps = steps_per_epoch or self._steps_of(x, y, batch_size)
         cbs = callbacks_module.CallbackList(list(callbacks or []) + extra + [history], self,
                                             {"epochs": epochs, "steps": steps,
                                              "verbose": verbose})
         batch_logs = cbs.wants("on_train_batch_end")
         self.stop_training, self.history = False, history
         self._batches_total = self._last_execution = 0
-        with strategy.scope():
+        with self.distribute_strategy.scope():
             self._data_seed = self._draw_seed()
         self._resume = None
         cbs.on_train_begin()
@@ -361,8 +379,10 @@ class Model(Layer):
                 self._reset_metrics()
             cbs.on_epoch_begin(epoch)
             order = self._order(x, y, epoch, shuffle)
-            batches = _Peekable(self._distributed(self._batches(x, y, batch_size, order, skip),
-                                                  True))
+            epoch_batches = self._batches(x, y, batch_size, order, skip)
+            if steps_per_epoch is not None:
+                epoch_batches = itertools.islice(epoch_batches, steps_per_epoch - skip)
+            batches = _Peekable(self._distributed(epoch_batches, True))
             step = skip
             while not self.stop_training and batches.has_next():
                 cbs.on_train_batch_begin(step)

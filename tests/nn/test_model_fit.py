@@ -237,3 +237,33 @@ def test_losses_by_name_against_numpy():
     np.testing.assert_allclose(gd.losses.BinaryCrossentropy(from_logits=True).call(b, logits),
                                gd.losses.binary_crossentropy(b, 1 / (1 + np.exp(-logits))),
                                rtol=1e-5)
+
+
+def test_sequence_losses_average_over_every_element_and_endless_input():
+    """A (batch, time) loss: each example's mean over time, so the step's loss is the mean
+    over every element (Keras's); an endless generator with steps_per_epoch is read on
+    across epochs."""
+    vocab, time_steps = 5, 4
+    data = np.random.default_rng(1)
+    ids = data.integers(0, vocab, (12, time_steps))
+    targets = data.integers(0, vocab, (12, time_steps))
+
+    def endless():
+        while True:
+            for start in range(0, 12, 4):
+                yield ids[start:start + 4], targets[start:start + 4]
+
+    strategy = _strategy(2)
+    with strategy.scope():
+        model = gd.nn.Sequential([gd.nn.Embedding(vocab, 3), gd.nn.Dense(vocab)])
+        model.compile(gd.optimizers.SGD(0.0),
+                      gd.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(endless(), epochs=2, steps_per_epoch=2, verbose=0)
+    logits = model.predict(ids)
+    logp = logits - np.log(np.sum(np.exp(logits), -1, keepdims=True))
+    per_element = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    # epoch 0 saw batches 0 and 1, epoch 1 batches 2 and 0 (learning rate 0: fixed model)
+    np.testing.assert_allclose(history.history["loss"],
+                               [per_element[:8].mean(), np.r_[per_element[8:],
+                                                              per_element[:4]].mean()],
+                               rtol=1e-5)
