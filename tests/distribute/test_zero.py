@@ -193,3 +193,34 @@ def test_checkpoints_hold_whole_slots_and_restore_into_any_count_and_stage(tmp_p
 def test_bad_zero_stage_is_refused(bad):
     with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
         gd.MirroredStrategy(["cpu:0", "cpu:1"], zero_stage=bad)
+
+
+def test_two_workers_at_stage_1_with_accumulation_match_four_local_replicas(tmp_path):
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__))))
+    from mpi_launch import needs_mpi, two_workers   # noqa: F401 (the skip marker's check)
+
+    if needs_mpi.args[0]:
+        pytest.skip(needs_mpi.kwargs["reason"])
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "mpi"))
+    from zero_accumulation import train
+
+    done = two_workers("zero_accumulation.py", [tmp_path, 1], "mpiexec", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    w, opt = train(gd.MirroredStrategy([f"cpu:{i}" for i in range(4)]))
+    # MPI adds each worker's local sum, (r0 + r1) + (r2 + r3), where 4 local replicas add
+    # in order: equal within float32 rounding, and both workers hold the same bits
+    assert reports[0] == reports[1]
+    for report in reports:
+        assert report["iterations"] == 2 and report["shard_shapes"] == [[6], [6]]  # 21 / 4
+        np.testing.assert_allclose(np.float32(report["w"]), w.numpy(), rtol=1e-5, atol=1e-7)
+        for key, slot in opt.slots().items():
+            np.testing.assert_allclose(np.float32(report["slots"][key]), slot.numpy(),
+                                       rtol=1e-4, atol=1e-8)
+    restored = gd.Variable(np.zeros((7, 3), np.float32), name="w")
+    gd.Checkpoint(w=restored).restore(tmp_path / "ckpt.npz").expect_partial()
+    np.testing.assert_array_equal(restored.numpy(), np.float32(reports[0]["w"]))
