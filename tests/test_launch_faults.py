@@ -171,7 +171,7 @@ import graphdist as gd
 strategy = gd.MultiWorkerMirroredStrategy(["cpu:0"])
 strategy.reduce("sum", 1.0, axis=None)
 open(os.path.join(sys.argv[1], f"ready{strategy.worker_index}"), "w").close()
-time.sleep(3)
+time.sleep(1)
 strategy.reduce("sum", 1.0, axis=None)
 """
 

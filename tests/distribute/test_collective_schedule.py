@@ -1,14 +1,13 @@
 """Collective schedules agreed across workers (issue 23, item 2): 2 workers under mpiexec
-(tests/mpi/schedule.py) that call different collectives raise gd.WorkerError on both,
-naming the collective and each rank's line, before any data moves; and the fingerprint of a
-schedule, in this process."""
+and under graphdist launch (tests/mpi/schedule.py) that call different collectives raise
+gd.WorkerError on both, naming the collective and each rank's line, before any data moves;
+and the fingerprint of a schedule, in this process."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -23,14 +22,11 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: m
 sys.path.insert(0, os.path.join(HERE, "mpi"))
 from training import train  # noqa: E402
 
-from mpi_launch import MPIEXEC, needs_mpi  # noqa: E402
+from mpi_launch import LAUNCHERS, needs_mpi, two_workers  # noqa: E402
 
 
-def _two_workers(scenario: str, out_dir: str) -> list[dict]:
-    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
-                           os.path.join(HERE, "mpi", "schedule.py"), out_dir, scenario],
-                          capture_output=True, text=True, timeout=90,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+def _two_workers(scenario: str, out_dir: str, launcher: str = "mpiexec") -> list[dict]:
+    done = two_workers("schedule.py", [out_dir, scenario], launcher, timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
     reports = []
     for rank in (0, 1):
@@ -47,8 +43,9 @@ def _at(error: str, rank: int, where: str) -> bool:
 
 
 @needs_mpi
-def test_an_extra_reduce_on_the_chief_raises_on_both_workers_and_changes_nothing(tmp_path):
-    reports = _two_workers("extra_reduce", str(tmp_path))
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_an_extra_reduce_on_the_chief_raises_on_both_workers_and_changes_nothing(tmp_path, launcher):
+    reports = _two_workers("extra_reduce", str(tmp_path), launcher)
     for rank, report in enumerate(reports):
         error = report["error"]
         assert error is not None, f"worker {rank} did not raise"
@@ -65,8 +62,9 @@ def test_an_extra_reduce_on_the_chief_raises_on_both_workers_and_changes_nothing
 
 
 @needs_mpi
-def test_workers_that_compiled_different_steps_raise_at_its_first_call(tmp_path):
-    reports = _two_workers("other_step", str(tmp_path))
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_workers_that_compiled_different_steps_raise_at_its_first_call(tmp_path, launcher):
+    reports = _two_workers("other_step", str(tmp_path), launcher)
     for rank, report in enumerate(reports):
         error = report["error"]
         assert error is not None, f"worker {rank} did not raise"
@@ -78,8 +76,9 @@ def test_workers_that_compiled_different_steps_raise_at_its_first_call(tmp_path)
 
 
 @needs_mpi
-def test_a_collective_outside_compiled_code_meeting_a_step_raises_on_both(tmp_path):
-    reports = _two_workers("rendezvous", str(tmp_path))
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_collective_outside_compiled_code_meeting_a_step_raises_on_both(tmp_path, launcher):
+    reports = _two_workers("rendezvous", str(tmp_path), launcher)
     for rank, report in enumerate(reports):
         error = report["error"]
         assert error is not None, f"worker {rank} did not raise"
@@ -94,9 +93,10 @@ def test_a_collective_outside_compiled_code_meeting_a_step_raises_on_both(tmp_pa
     ("sync_read", ["step(*batches[1])", "all_reduce mean of float32(8,)"]),
     ("two_reads", ["counts.numpy()", "all_reduce (a sync-on-read read) sum of float32(3,)"]),
 ])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_sync_on_read_read_outside_compiled_code_is_checked_before_data_moves(
-        tmp_path, scenario, worker_one):
-    reports = _two_workers(scenario, str(tmp_path))
+        tmp_path, scenario, worker_one, launcher):
+    reports = _two_workers(scenario, str(tmp_path), launcher)
     for rank, report in enumerate(reports):
         assert report["total"] == 4.0        # the agreed read: 4 replicas of the chief's 1.0
         error = report["error"]
@@ -112,8 +112,9 @@ def test_a_sync_on_read_read_outside_compiled_code_is_checked_before_data_moves(
 
 
 @needs_mpi
-def test_an_eager_gather_crosses_the_workers_and_an_extra_one_is_caught(tmp_path):
-    reports = _two_workers("gather", str(tmp_path))
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_an_eager_gather_crosses_the_workers_and_an_extra_one_is_caught(tmp_path, launcher):
+    reports = _two_workers("gather", str(tmp_path), launcher)
     for rank, report in enumerate(reports):
         # replica r's component is [[r, r]]: every worker gets all four, in replica order
         np.testing.assert_array_equal(report["gathered"],

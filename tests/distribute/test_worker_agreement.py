@@ -1,30 +1,24 @@
 """Workers that disagree are caught before a byte moves (issue 23, items 1, 3 and 7): 2
-workers under mpiexec run tests/mpi/agreement.py, one scenario per launch, and report as
-JSON; check_mirrored on one process's MirroredStrategy runs here."""
+workers under mpiexec and under graphdist launch run tests/mpi/agreement.py, one scenario
+per launch, and report as JSON; check_mirrored on one process's MirroredStrategy runs
+here."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import graphdist as gd
-
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: mpi/ scripts
-from mpi_launch import MPIEXEC, needs_mpi  # noqa: E402
+from mpi_launch import LAUNCHERS, MPIEXEC, needs_mpi, two_workers
 
 
-def _launch(scenario, out_dir):
+def _launch(scenario, out_dir, launcher="mpiexec"):
     """Both ranks' reports; a hang fails the test at the hard limit instead of stalling."""
-    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
-                           os.path.join(HERE, "mpi", "agreement.py"), str(out_dir), scenario],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    done = two_workers("agreement.py", [out_dir, scenario], launcher)
     assert done.returncode == 0, done.stdout + done.stderr
     reports = {}
     for rank in (0, 1):
@@ -41,9 +35,10 @@ def _launch(scenario, out_dir):
     ("extra_last", ["'extra'", "its first step after"]),
     ("layout", ["layout", "2 local devices", "1 local device"]),
 ])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_workers_that_make_different_variables_raise_before_training(scenario, named,
-                                                                     tmp_path):
-    reports = _launch(scenario, tmp_path)
+                                                                     launcher, tmp_path):
+    reports = _launch(scenario, tmp_path, launcher)
     for rank in (0, 1):
         report = reports[rank]
         assert report["raised"] == "WorkerError", report
@@ -52,11 +47,11 @@ def test_workers_that_make_different_variables_raise_before_training(scenario, n
             assert text in report["message"], (text, report["message"])
 
 
-@pytest.fixture(scope="module")
-def agreeing(tmp_path_factory):
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def agreeing(request, tmp_path_factory):
     if importlib.util.find_spec("mpi4py") is None or MPIEXEC is None:
         pytest.skip("the mpi extra is not installed")
-    return _launch("train", tmp_path_factory.mktemp("agreeing"))
+    return _launch("train", tmp_path_factory.mktemp("agreeing"), request.param)
 
 
 def _sgd_reference(steps=2):
