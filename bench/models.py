@@ -184,3 +184,91 @@ def own_process(make, batch, devices: int, optimizer: str = "adam") -> dict:
     cold = ", cold Numba cache" if os.environ.get(COLD) else ""
     return {"peer": f"graphdist {where} (own process{cold})", "devices": devices,
             "optimizer": optimizer, "losses": losses[:3], **r}
+
+
+# ---------------------------------------------------------------- GPT-2-style step (issue 29)
+# As GPT-2 (and nanoGPT) write it: fused qkv projection, attention scores plus an additive
+# causal mask (0 on and below the diagonal, -1e9 above) then softmax, GELU in its tanh form.
+GPT2 = dict(vocab=128, context=64, width=128, layers=2, heads=4, batch=32)
+
+
+def gpt2_data(seed: int = 1):
+    """ids [batch, context] and their next tokens."""
+    seq = np.random.default_rng(seed).integers(0, GPT2["vocab"],
+                                               (GPT2["batch"], GPT2["context"] + 1))
+    return seq[:, :-1].astype(np.int32), seq[:, 1:].astype(np.int32)
+
+
+def gpt2_init(seed: int = 0) -> dict:
+    """GPT-2's initialization: N(0, 0.02^2) weights (the residual projections scaled by
+    1/sqrt(2 layers)), zero biases, unit layer-norm gains."""
+    rng = np.random.default_rng(seed)
+    v, t, d, layers = GPT2["vocab"], GPT2["context"], GPT2["width"], GPT2["layers"]
+    normal = (lambda *shape, s=0.02: (s * rng.standard_normal(shape)).astype(np.float32))
+    zeros = (lambda *shape: np.zeros(shape, np.float32))
+    p = {"wte": normal(v, d), "wpe": normal(t, d, s=0.01), "lnf.g": np.ones(d, np.float32),
+         "lnf.b": zeros(d), "head.w": normal(d, v)}
+    residual = 0.02 / np.sqrt(2 * layers)
+    for i in range(layers):
+        p.update({f"h{i}.ln1.g": np.ones(d, np.float32), f"h{i}.ln1.b": zeros(d),
+                  f"h{i}.qkv.w": normal(d, 3 * d), f"h{i}.qkv.b": zeros(3 * d),
+                  f"h{i}.o.w": normal(d, d, s=residual), f"h{i}.o.b": zeros(d),
+                  f"h{i}.ln2.g": np.ones(d, np.float32), f"h{i}.ln2.b": zeros(d),
+                  f"h{i}.fc.w": normal(d, 4 * d), f"h{i}.fc.b": zeros(4 * d),
+                  f"h{i}.proj.w": normal(4 * d, d, s=residual), f"h{i}.proj.b": zeros(d)})
+    return p
+
+
+def _linear(x, w, b, flat: bool):
+    """x @ w + b as GPT-2's code writes it (flat=False: a 3-D x times a 2-D w), or as
+    gd.nn.Dense runs it (flat=True: one 2-D GEMM over every row)."""
+    if flat:
+        rows = gd.reshape(x, (-1, x.shape[-1])) @ w
+        y = gd.reshape(rows, x.shape[:-1] + (w.shape[-1],))
+    else:
+        y = x @ w
+    return y if b is None else y + b
+
+
+def gpt2_loss(p: dict, ids, targets, flat: bool = False):
+    """Mean next-token cross-entropy of the GPT-2-style model (p: name -> variable)."""
+    b, t = ids.shape
+    d, heads = GPT2["width"], GPT2["heads"]
+    k = d // heads
+    mask = np.triu(np.full((t, t), -1e9, np.float32), 1)      # additive causal mask
+    h = gd.gather(p["wte"], ids) + p["wpe"]
+    split_heads = (lambda z: gd.transpose(gd.reshape(z, (b, t, heads, k)), (0, 2, 1, 3)))
+    for i in range(GPT2["layers"]):
+        a = gd.nn.layer_norm(h, p[f"h{i}.ln1.g"], p[f"h{i}.ln1.b"])
+        q, kk, v = gd.split(_linear(a, p[f"h{i}.qkv.w"], p[f"h{i}.qkv.b"], flat), 3, axis=-1)
+        scores = split_heads(q) @ gd.transpose(split_heads(kk), (0, 1, 3, 2))
+        att = gd.nn.softmax(scores * float(1.0 / np.sqrt(k)) + mask)
+        o = gd.reshape(gd.transpose(att @ split_heads(v), (0, 2, 1, 3)), (b, t, d))
+        h = h + _linear(o, p[f"h{i}.o.w"], p[f"h{i}.o.b"], flat)
+        m = gd.nn.layer_norm(h, p[f"h{i}.ln2.g"], p[f"h{i}.ln2.b"])
+        m = gd.nn.gelu(_linear(m, p[f"h{i}.fc.w"], p[f"h{i}.fc.b"], flat), approximate=True)
+        h = h + _linear(m, p[f"h{i}.proj.w"], p[f"h{i}.proj.b"], flat)
+    h = gd.nn.layer_norm(h, p["lnf.g"], p["lnf.b"])
+    logits = _linear(h, p["head.w"], None, flat)
+    return gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(targets, logits))
+
+
+def make_gpt2_step(strategy, params=None, flat: bool = False):
+    """(step, variables): one Adam step (lr 1e-3, no clipping) of the GPT-2-style model
+    (flat: its dense layers as one 2-D GEMM each, see _linear)."""
+    with strategy.scope():
+        p = {name: gd.Variable(value, name=name)
+             for name, value in (params or gpt2_init()).items()}
+        opt = gd.optimizers.Adam(LR, B1, B2, EPS)
+    variables = list(p.values())
+
+    @gd.function
+    def step(batch):
+        def replica_fn(ids, targets):
+            with gd.GradientTape() as tape:
+                loss = gpt2_loss(p, ids, targets, flat)
+            opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            return loss
+        return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
+
+    return step, variables
