@@ -167,15 +167,18 @@ class Emitter:
         """gd.config.check_numerics: after a node, a check of each float output (one
         reduction), given the inputs too, to say which were finite when one is not."""
         ins = "".join(f", {self.ref(v)}" for v in eqn.inputs)
-        devices = self.g.devices
-        where = eqn.device or self.backend.device
-        if len(devices) > 1 and where in devices:
-            where = f"{where} (replica {devices.index(where)})"
+        devices, runs_on = self.g.devices, eqn.device or self.backend.device
         for k, v in enumerate(eqn.outputs):
-            if is_float(v.ty.dtype):
-                xp = self.backend_of(eqn.device).xp
-                check = self.glob("N", numerics.checker(eqn, k, xp, where))
-                self.emit(f"{check}({self.name[v]}{ins})")
+            if not is_float(v.ty.dtype):
+                continue
+            device = v.device or runs_on       # a collective's outputs lie on every device
+            backend = self.backend_of(device)
+            where = f"{device} (replica {devices.index(device)})" \
+                if len(devices) > 1 and device in devices else device
+            switch = functools.partial(numerics.on_device, backend) if device != runs_on \
+                else None
+            check = self.glob("N", numerics.checker(eqn, k, backend.xp, where, switch))
+            self.emit(f"{check}({self.name[v]}{ins})")
 
     def lower_outs(self, eqn, form, args: str, params: dict) -> None:
         """Several outputs: out_impl(xp, (out0, out1, ...), *ins), or the device's kernel."""

@@ -5,6 +5,7 @@ no state, and the next good step runs as if the bad one had never been called.""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,3 +115,19 @@ def test_the_environment_variable_turns_the_checks_on():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+@pytest.mark.parametrize("physical", [1, 2])
+def test_the_gpu_checks_run_on_the_simulated_gpu(physical):
+    """tests/gpu/test_check_numerics_gpu.py on fake_cupy's stand-in (1 or 2 physical GPUs
+    under 2 logical ones): the checks of a collective's outputs on the other device, the
+    snapshot and restore through each device's backend, and stream order all hold."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", GRAPHDIST_FAKE_CUPY=str(physical))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "gpu",
+           "tests/gpu/test_check_numerics_gpu.py"]
+    proc = subprocess.run(cmd, check=False, cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert "2 passed" in summary and "skipped" not in summary, summary
