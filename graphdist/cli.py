@@ -308,6 +308,12 @@ def _simulate(args) -> int:
 
     from graphdist.simulate import format_table, simulate
 
+    if args.memory or args.params is not None:
+        return _simulate_memory(args)
+    if args.target is None:
+        print("graphdist simulate: give MODULE:BUILDER (or --memory --params N)",
+              file=sys.stderr)
+        return 2
     try:
         counts = [int(n) for n in args.devices.split(",") if n.strip()]
         rows = simulate(_load(args.target), counts, link=args.link,
@@ -321,6 +327,33 @@ def _simulate(args) -> int:
         print(json.dumps(rows))
         return 0
     print(format_table(rows))
+    return 0
+
+
+def _simulate_memory(args) -> int:
+    """Per-replica memory at each --zero-stage (graphdist/simulate/memory.py): of the
+    builder's step, or of a model of --params parameters (the ZeRO paper's arithmetic)."""
+    import json
+
+    from graphdist.simulate.memory import builder_rows, format_memory, paper_rows
+
+    try:
+        counts = [int(n) for n in args.devices.split(",") if n.strip()]
+        stages = [int(s) for s in args.zero_stage.split(",") if s.strip()]
+        if args.params is not None:
+            per_param = [float(b) for b in args.bytes_per_param.split(",")]
+            if len(per_param) != 3:
+                raise ValueError(f"--bytes-per-param takes 3 numbers (parameters, gradients, "
+                                 f"optimizer state), got {args.bytes_per_param!r}")
+            rows = paper_rows(float(args.params), counts, stages, per_param)
+        elif args.target is None:
+            raise ValueError("--memory needs MODULE:BUILDER or --params N")
+        else:
+            rows = builder_rows(_load(args.target), counts, stages)
+    except ValueError as e:
+        print(f"graphdist simulate: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rows) if args.json else format_memory(rows))
     return 0
 
 
@@ -433,7 +466,7 @@ def main(argv=None) -> int:
                              "(GRAPHDIST_RESTART holds the attempt, 0 first)")
     simulate = sub.add_parser("simulate", help="predict the step time of MODULE:BUILDER on "
                               "device counts past this machine (calibrated op costs + a link)")
-    simulate.add_argument("target", metavar="MODULE:BUILDER")
+    simulate.add_argument("target", metavar="MODULE:BUILDER", nargs="?")
     simulate.add_argument("--devices", default="1,2,4,64,1024", help="comma-separated counts")
     simulate.add_argument("--link", default=None, help="latency=5us,bandwidth=25GB/s "
                           "(default; with --shared-host: the calibrated host copy)")
@@ -454,6 +487,17 @@ def main(argv=None) -> int:
     simulate.add_argument("--shared-host", action="store_true",
                           help="devices are logical devices of this host (run one by one)")
     simulate.add_argument("--json", action="store_true")
+    simulate.add_argument("--memory", action="store_true",
+                          help="per-replica bytes of parameters, gradients, optimizer slots "
+                               "and activations at each --zero-stage instead of step time")
+    simulate.add_argument("--zero-stage", default="0,1,2", metavar="STAGES",
+                          help="with --memory: comma-separated ZeRO stages (default 0,1,2)")
+    simulate.add_argument("--params", type=float, default=None, metavar="N",
+                          help="with --memory, instead of a builder: a model of N parameters "
+                               "(7.5e9, say), priced by --bytes-per-param")
+    simulate.add_argument("--bytes-per-param", default="2,2,12", metavar="P,G,K",
+                          help="with --params: bytes per parameter of parameters, gradients "
+                               "and optimizer state (default 2,2,12: mixed-precision Adam)")
     check = sub.add_parser("check", help="does MODULE:BUILDER's step on N devices match one "
                            "device? where and why not (exit 1 when not)")
     check.add_argument("target", metavar="MODULE:BUILDER",

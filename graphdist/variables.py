@@ -114,7 +114,8 @@ class Variable(Operators, Symbolic):
         self._uid = next(_ids)
         self._trainable = bool(trainable)
         self._values = [backend_for(d).from_host(value) for d in self._devices]
-        self._ref = StateRef(self._uid, self._name, self._devices, self.on_read)
+        self._ref = StateRef(self._uid, self._name, self._devices, self.on_read,
+                             "parameter" if self._trainable else "")
         # a merged step (passes/merge.py) updates only component 0 of a mirrored variable;
         # the others are brought up to date when read: catch_up()
         self._lagging = False

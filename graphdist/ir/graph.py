@@ -77,6 +77,10 @@ class StateRef:
     name: str
     devices: tuple
     on_read: bool = False     # sync-on-read: components differ per replica
+    # what the state is for, as g.summary()'s memory table groups it: "parameter" (a
+    # trainable variable), "slot" (optimizer state per variable), "accumulator" (gradient
+    # accumulation), "" (anything else: counters, hyper-parameters, statistics)
+    role: str = ""
 
     def __str__(self) -> str:
         return self.name

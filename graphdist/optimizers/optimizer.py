@@ -38,6 +38,7 @@ from graphdist.ops.clip import clip_by_global_norm
 from graphdist.ops.core import Symbolic, bind, current_tracer
 from graphdist.ops.math import add, divide, multiply, power, sqrt, subtract
 from graphdist.ops.sparse import IndexedSlices, densify, sum_duplicates
+from graphdist.optimizers.roles import with_role
 from graphdist.optimizers.schedules import LearningRateSchedule
 from graphdist.variables import Variable
 
@@ -127,12 +128,12 @@ class Optimizer:
         if var not in self._accumulators:
             from graphdist.distribute.values import VariableAggregation, VariableSynchronization
 
-            self._accumulators[var] = Variable(
+            self._accumulators[var] = with_role("accumulator", Variable(
                 np.zeros(var.shape, var.dtype), trainable=False,
                 name=f"{var.name}/{self.name}/accumulator",
                 synchronization=VariableSynchronization.ON_READ,
                 aggregation=VariableAggregation.NONE, _devices=var.devices,
-                _strategy=var._strategy)
+                _strategy=var._strategy))
         return self._accumulators[var]
 
     def _accumulate(self, pairs):
@@ -239,9 +240,9 @@ class Optimizer:
 
             self._slots[key] = zero.ShardedSlot(var, f"{var.name}/{self.name}/{name}")
         if key not in self._slots:
-            self._slots[key] = Variable(np.zeros(var.shape, var.dtype), trainable=False,
+            self._slots[key] = with_role("slot", Variable(np.zeros(var.shape, var.dtype), trainable=False,
                                         name=f"{var.name}/{self.name}/{name}",
-                                        _devices=var.devices, _strategy=var._strategy)
+                                        _devices=var.devices, _strategy=var._strategy))
         return self._slots[key]
 
     def slots(self) -> dict:

@@ -41,6 +41,7 @@ from graphdist.ops.clip import clip_by_global_norm, norm_dtype
 from graphdist.ops.collectives import all_gather, all_reduce, reduce_scatter, replica_id
 from graphdist.ops.math import add, reduce_sum, sqrt, square
 from graphdist.ops.sparse import densify, gather
+from graphdist.optimizers.roles import with_role
 from graphdist.variables import Variable
 
 ZERO_STAGES = (0, 1, 2)
@@ -87,10 +88,10 @@ class ShardedSlot:
         self.name = name
         self.shape, self.dtype = tuple(var.shape), np.dtype(var.dtype)
         self.length = shard_length(math.prod(self.shape), self.n)
-        self.shard = Variable(np.zeros(self.length, self.dtype), trainable=False, name=name,
+        self.shard = with_role("slot", Variable(np.zeros(self.length, self.dtype), trainable=False, name=name,
                               synchronization=VariableSynchronization.ON_READ,
                               aggregation=VariableAggregation.NONE, _devices=var.devices,
-                              _strategy=strategy)
+                              _strategy=strategy))
 
     synchronization = property(lambda self: self.shard.synchronization)
     aggregation = property(lambda self: self.shard.aggregation)

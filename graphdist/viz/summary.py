@@ -37,6 +37,46 @@ def peak_bytes(g: Graph) -> dict:
     return peak
 
 
+# the nodes whose outputs are reduced gradients: the logical collectives and their lowerings
+_REDUCING = ("all_reduce", "reduce_scatter", "host_all_reduce", "host_reduce_scatter",
+             "mpi_all_reduce", "mpi_reduce_scatter", "nccl_all_reduce", "nccl_reduce_scatter")
+MEMORY_ROWS = ("parameters", "gradients", "optimizer slots", "peak activations")
+
+
+def memory_bytes(g: Graph) -> dict:
+    """Device -> {row of MEMORY_ROWS: bytes}: the trainable variables' components on it, the
+    reduced gradients the step makes there (the outputs of its all-reduces and
+    reduce-scatters: whole gradients, or a replica's shards under zero_stage > 0; a fused
+    all-reduce + update's gradient buckets) plus gradient accumulators, the optimizer slots'
+    components (a replica's shards when sharded), and the peak live bytes of the values the
+    step makes (`peak_bytes`: activations, gradients and temporaries, from the liveness)."""
+    peak = peak_bytes(g)
+    devices = list(dict.fromkeys([*peak, *g.devices])) or [None]
+    out = {d: dict.fromkeys(MEMORY_ROWS, 0) for d in devices}
+
+    def add(device, row, nbytes):
+        out.setdefault(device, dict.fromkeys(MEMORY_ROWS, 0))[row] += nbytes
+
+    states = g.inputs[len(g.inputs) - len(g.variables):] if g.variables else ()
+    rows = {"parameter": "parameters", "slot": "optimizer slots", "accumulator": "gradients"}
+    for var, ref in zip(states, g.variables):
+        row = rows.get(getattr(ref, "role", ""))
+        if row is not None:
+            add(var.device, row, var.ty.nbytes)
+    for eqn in g.eqns:
+        name = eqn.op.name
+        if name in _REDUCING:
+            for v in eqn.outputs:
+                add(v.device if v.device is not None else eqn.device, "gradients", v.ty.nbytes)
+        elif name == "host_reduce_update":         # the buckets, reduced chunk by chunk
+            for v in eqn.inputs[:dict(eqn.params).get("replicas", 0)]:
+                if isinstance(v, Var):
+                    add(v.device, "gradients", v.ty.nbytes)
+    for d, nbytes in peak.items():
+        add(d, "peak activations", nbytes)
+    return out
+
+
 def _carried(g: Graph, n) -> list:
     """The tensors one replica sends into collective node `n`: its inputs on one device (all
     of them for a list all-reduce over several tensors, and in a logical graph), the largest
@@ -91,7 +131,7 @@ def stats(g: Graph) -> dict:
     _, members, moved = collective_totals(groups)        # as the HTML header counts them
     return {"devices": lanes, "eqns": len(g.eqns), "inputs": len(g.inputs),
             "ops": {d: dict(c) for d, c in ops.items()}, "flops": flops, "bytes": touched,
-            "peak_bytes": peak_bytes(g), "collectives": [_describe(g, c) for c in groups],
+            "peak_bytes": peak_bytes(g), "memory": memory_bytes(g), "collectives": [_describe(g, c) for c in groups],
             "collective_nodes": members, "moved": moved}
 
 
@@ -146,6 +186,10 @@ def summary(g: Graph, max_ops: int = 30) -> str:
         rows.append([title, *(f"{v:,}" for v in vals), *(f"{v:,}" if v != "" else v for v in tot)])
         rows.append(["", *(fmt(v) for v in vals), *(fmt(v) if v != "" else v for v in tot)])
     lines += _table(rows, ["per device", *cols])
+    lines.append("")
+    rows = [[row, *(human_bytes(s["memory"].get(d, {}).get(row, 0)) for d in lanes)]
+            + ([""] if many else []) for row in MEMORY_ROWS]
+    lines += _table(rows, ["memory per device", *cols])
     lines.append("")
     colls = s["collectives"]
     lines.append(f"collectives: {len(colls)} ({s['collective_nodes']} nodes), {s['moved']:,} "
