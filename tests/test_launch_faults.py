@@ -50,7 +50,8 @@ def _launcher_lines(stderr: str) -> dict:
 @pytest.mark.parametrize("kind, says", [
     ("between", "ValueError: worker one broke between steps"),
     ("trace", "ValueError: worker one's step failed at trace time"),
-    ("exit", "exited with status 3")])
+    ("exit", "exited with status 3"),
+    ("kill", "killed by SIGKILL")])
 def test_a_failure_outside_a_step_is_named_on_the_other_worker_and_by_the_launcher(
         tmp_path, kind, says):
     done, _ = _run([*LAUNCH, FAULTS, str(tmp_path), kind])

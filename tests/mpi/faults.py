@@ -1,11 +1,13 @@
 """Run under `mpiexec -n 2` or `graphdist launch -n 2`: worker 1 fails outside a step
 (argv[2]: "between" raises, "trace" traces a step that raises, "exit" calls
-sys.exit(3), "hang" sleeps far past the 3 s collective timeout) after one good step; worker 0 goes on stepping and must raise
+sys.exit(3), "kill" SIGKILLs itself, "hang" sleeps far past the 3 s collective timeout)
+after one good step; worker 0 goes on stepping and must raise
 gd.WorkerError naming it. Each worker writes what it saw to argv[1]/rank{r}.json; worker
 1 writes when it failed (wall clock), so the test can measure detection time."""
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -32,6 +34,8 @@ if rank == 1:
         raise ValueError("worker one broke between steps")
     if kind == "exit":
         sys.exit(3)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     if kind == "trace":            # a step of its own that fails while being traced
 
         def bad_step(x):
