@@ -98,7 +98,9 @@ class Divergence:
         lines = [f"first difference: step {self.step}, {what}: max |diff| {self.max_diff:.3g}"
                  f" (one device's values up to {self.one_device:.3g})"]
         if self.others:
-            lines.append(f"  also differing at step {self.step}: {', '.join(self.others)}")
+            more = f" and {len(self.others) - 4} more" if len(self.others) > 4 else ""
+            lines.append(f"  also differing at step {self.step}: "
+                         f"{', '.join(self.others[:4])}{more}")
         if self.node:
             lines.append(f"first node that differs: {self.node}")
             if self.source:
@@ -270,7 +272,8 @@ def _gradients(g, env, devices) -> dict:
         if eqn.op.name != "assign_var" or (len(devices) > 1 and eqn.device != devices[0]):
             continue
         update = producer.get(eqn.inputs[-1])
-        if update is not None and update.op.name in UPDATE_OPS:
+        if update is not None and update.op.name in UPDATE_OPS and \
+                eqn.inputs[-1] is update.outputs[0]:       # the weight, not a slot
             grads[dict(eqn.params)["var"].name] = env[update.inputs[-2]]
     return grads
 
@@ -368,8 +371,9 @@ def locate(one: _Run, many: _Run, step: int, rtol, atol) -> tuple:
     one_eqns = one.replicas[0]
     pairs = [_pairs(one_eqns, eqns) for eqns in many.replicas]
     producer = {v: e for e in many.graph.eqns for v in e.outputs}
+    paired = {e for p in pairs for e in p.values()}
     dependent = _data_dependent(one.graph)
-    agreed: dict = {}
+    agreed = _arguments_agreed(one, many, step, rtol, atol)
     for eqn in one_eqns:
         counterparts = [p.get(eqn) for p in pairs]
         if any(c is None for c in counterparts):
@@ -378,8 +382,8 @@ def locate(one: _Run, many: _Run, step: int, rtol, atol) -> tuple:
             if isinstance(v, Lit) or v not in dependent or not is_float(v.ty.dtype):
                 continue
             theirs = [c.inputs[j] for c in counterparts]
-            made = producer.get(theirs[0])
-            if made is None or not made.op.collective:
+            made = _collective_behind(theirs[0], producer, paired)
+            if made is None:
                 continue
             parts = [many_env[t] for t in theirs]
             if agreement(one_env[v], parts, many.shares, rtol, atol, replicated=True) is None:
@@ -393,6 +397,37 @@ def locate(one: _Run, many: _Run, step: int, rtol, atol) -> tuple:
                 return _node_finding(eqn, counterparts, agreed, one_env, many_env, many)
             agreed[v] = how
     return "", "", "", ""
+
+
+def _arguments_agreed(one: _Run, many: _Run, step: int, rtol, atol) -> dict:
+    """One-device argument Var -> how the replicas' arguments give it back (concatenated,
+    for a batch split among them)."""
+    g, n = many.graph, len(many.replicas)
+    per = g.num_args // n if n else 0
+    agreed = {}
+    for j, v in enumerate(one.graph.inputs[:one.graph.num_args]):
+        if j >= per or not is_float(v.ty.dtype):
+            continue
+        parts = [many.steps[step].env[g.inputs[r * per + j]] for r in range(n)]
+        agreed[v] = agreement(one.steps[step].env[v], parts, many.shares, rtol, atol)
+    return agreed
+
+
+def _collective_behind(v, producer, paired, depth: int = 8):
+    """The collective that made `v`, directly or through nodes of the N-device graph alone
+    (a gradient bucket's concatenation and split), or None."""
+    frontier = [v]
+    for _ in range(depth):
+        later = []
+        for x in frontier:
+            made = producer.get(x)
+            if made is None or made in paired:
+                continue
+            if made.op.collective:
+                return made
+            later += [i for i in made.inputs if not isinstance(i, Lit)]
+        frontier = later
+    return None
 
 
 def _collective_finding(made, how_inputs, many) -> tuple:
@@ -417,8 +452,10 @@ def _node_finding(eqn, counterparts, agreed, one_env, many_env, many) -> tuple:
     ins = [agreed.get(v) for v in eqn.inputs if not isinstance(v, Lit)]
     detail = "no combination of its replicas' values (the same, summed, concatenated, " \
              "weighted by shares) gives the one-device value"
-    if any(how and ("summed" in how or how.startswith("weighted")) for how in ins):
-        detail += "; it reads a value that is one per replica (a statistic of its own shard)"
+    if any(how and ("summed" in how or how.startswith("weighted")) for how in ins) and \
+            any(how and how.startswith("concatenated") for how in ins):
+        detail += ("; it applies a value that is one per replica (a statistic of its own "
+                   "shard) to each example")
     cause = ""
     name = eqn.op.name
     if name == "reduce_mean" and any(reduced_count(c) == 0 for c in counterparts):
@@ -429,8 +466,9 @@ def _node_finding(eqn, counterparts, agreed, one_env, many_env, many) -> tuple:
         cause = "rounding"
         detail = (f"its inputs agree within tolerance, yet its output jumps: an input lies "
                   f"within rounding of the kink ({_nearest_kink(eqn, counterparts, one_env, many_env)})")
-    elif any(how and ("summed" in how or how.startswith("weighted")) for how in ins):
-        cause = "batch_norm"
+    elif any(how and ("summed" in how or how.startswith("weighted")) for how in ins) and \
+            any(how and how.startswith("concatenated") for how in ins):
+        cause = "batch_norm"       # a statistic of each shard applied to its examples
     return text, eqn.source, detail, cause
 
 

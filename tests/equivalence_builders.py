@@ -128,3 +128,40 @@ def kink(n, dtype=np.float32):
         return strategy.reduce("sum", strategy.run(replica_fn, args=(batch,)))
 
     return step, (next(iter(strategy.experimental_distribute_dataset([x]))),)
+
+
+def _mlp(n, dtype, recipe: str):
+    """A 8-16-5 relu MLP with softmax cross entropy and Adam on 10 rows (uneven on 3 and 4
+    devices): "sum" is compute_average_loss with gradient_reduction='sum', "mean" a
+    per-replica reduce_mean with the default mean (its gradients travel in one bucket)."""
+    strategy = _strategy(n)
+    rng = np.random.default_rng(0)
+    shapes = [(8, 16), (16,), (16, 5), (5,)]
+    with strategy.scope():
+        ws = [gd.Variable((rng.standard_normal(s) * 0.3).astype(dtype), name=f"w{i}")
+              for i, s in enumerate(shapes)]
+        opt = gd.optimizers.Adam(0.01, gradient_reduction=recipe)
+    x = rng.standard_normal((10, 8)).astype(dtype)
+    y = rng.integers(0, 5, 10).astype(np.int32)
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                logits = gd.relu(x @ ws[0] + ws[1]) @ ws[2] + ws[3]
+                per_example = gd.nn.sparse_softmax_cross_entropy(y, logits)
+                loss = (gd.nn.compute_average_loss(per_example, global_batch_size=10)
+                        if recipe == "sum" else gd.reduce_mean(per_example))
+            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+            return loss
+        return strategy.reduce(recipe, strategy.run(replica_fn, args=batch))
+
+    return step, (next(iter(strategy.experimental_distribute_dataset([(x, y)]))),)
+
+
+def equivalent_mlp(n, dtype=np.float32):
+    return _mlp(n, dtype, "sum")
+
+
+def uneven_mean_mlp(n, dtype=np.float32):
+    return _mlp(n, dtype, "mean")
