@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import sys
 
 import numpy as np
 
@@ -62,10 +63,6 @@ class Callback:
     def on_test_batch_begin(self, batch, logs=None): pass
 
     def on_test_batch_end(self, batch, logs=None): pass
-
-    def on_predict_begin(self, logs=None): pass
-
-    def on_predict_end(self, logs=None): pass
 
 
 def _crossed(model, every: int) -> bool:
@@ -139,8 +136,6 @@ class ProgbarLogger(Callback):
     def on_epoch_begin(self, epoch, logs=None):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         if self.verbose == 1:
-            import sys
-
             stream = self.stream or sys.stdout
             stream.write(f"Epoch {epoch + 1}/{epochs}\n")
             if steps:
@@ -151,8 +146,6 @@ class ProgbarLogger(Callback):
             self.bar.update(batch + 1, _format_logs(logs or {}))
 
     def on_epoch_end(self, epoch, logs=None):
-        import sys
-
         stream = self.stream or sys.stdout
         self.bar = None
         if self.verbose == 2:

@@ -68,7 +68,8 @@ def test_hooks_in_keras_order():
                  validation_data=(X[:5], Y[:5]))
     epoch = lambda e: [("on_epoch_begin", e), ("on_train_batch_begin", 0),   # noqa: E731
                        ("on_train_batch_end", 0), ("on_train_batch_begin", 1),
-                       ("on_train_batch_end", 1), ("on_test_begin",), ("on_test_end",),
+                       ("on_train_batch_end", 1), ("on_test_begin",),
+                       ("on_test_batch_begin", 0), ("on_test_batch_end", 0), ("on_test_end",),
                        ("on_epoch_end", e)]
     assert record.calls == [("on_train_begin",)] + epoch(0) + epoch(1) + [("on_train_end",)]
 

@@ -315,11 +315,12 @@ class Model(Layer):
         if self.built:
             return
         if isinstance(x, _Peekable):
-            sample = x.peek()[0]
+            first = x.peek()
         elif y is None and not isinstance(x, np.ndarray):
-            sample = next(iter(x))[0]
+            first = next(iter(x))
         else:
-            sample = x
+            first = x
+        sample = first[0] if isinstance(first, tuple) and y is None else first
         with self.distribute_strategy.scope():
             self(_take(sample, slice(0, 1)), training=False)
 
@@ -440,22 +441,28 @@ class Model(Layer):
         self._reset_metrics()
         cbs.on_test_begin()
         batches = _Peekable(self._distributed(self._batches(x, y, batch_size), False))
+        step = 0
         while batches.has_next():
-            self._execute("test", batches)
+            cbs.on_test_batch_begin(step)
+            step += self._execute("test", batches)
+            cbs.on_test_batch_end(step - 1)
         logs = self._logs()
         cbs.on_test_end(logs)
         return logs
 
     def predict(self, x, batch_size: int = 32, verbose: int = 0) -> np.ndarray:
-        """The model's outputs (training=False) for every row of `x`, in order."""
+        """The model's outputs (training=False) for every row of `x` (an array, or an
+        iterable of batches: x, or (x, y) whose y is ignored), in order."""
         if self.distribute_strategy is None:
             self.distribute_strategy = get_strategy()
+        if not isinstance(x, np.ndarray) and iter(x) is x:
+            x = _Peekable(x)
         self._ensure_built(x, None)
         step = self._predict_function()
+        inputs = (b[0] if isinstance(b, tuple) else b for b in self._batches(x, None, batch_size))
         outputs = []
         with self.distribute_strategy.scope():
-            for batch in self.distribute_strategy.experimental_distribute_dataset(
-                    self._batches(x, None, batch_size)):
+            for batch in self.distribute_strategy.experimental_distribute_dataset(inputs):
                 outputs.append(np.asarray(step(batch)))
         return np.concatenate(outputs, axis=0)
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from graphdist.checkpoint import Checkpoint
 from graphdist.errors import CheckpointError
+from graphdist.variables import Variable
 
 SUFFIX = ".safetensors"
 
@@ -39,8 +40,6 @@ def model_variables(model) -> dict:
     seen: set = set()
 
     def walk(obj, path: str) -> None:
-        from graphdist.variables import Variable
-
         if id(obj) in seen:
             return
         seen.add(id(obj))

@@ -180,6 +180,15 @@ def test_predict_returns_rows_in_order(n):
     np.testing.assert_array_equal(model.predict(x, batch_size=3), x)
 
 
+def test_predict_on_an_iterable_of_batches_ignores_labels():
+    strategy = _strategy(2)
+    with strategy.scope():
+        model = gd.nn.Sequential([gd.nn.Dense(3, kernel_initializer=np.eye(3, dtype=np.float32))])
+    x = rng.normal(size=(7, 3)).astype(np.float32)
+    np.testing.assert_array_equal(model.predict(iter([(x[:4], None), (x[4:], None)])), x)
+    np.testing.assert_array_equal(model.predict([x[:3], x[3:]]), x)
+
+
 def test_mixed_float16_compile_wraps_the_optimizer():
     gd.config.set_precision("mixed_float16")
     model = _compiled(2)
