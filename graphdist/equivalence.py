@@ -464,8 +464,9 @@ def _node_finding(eqn, counterparts, agreed, one_env, many_env, many) -> tuple:
         cause = "random"
     elif name in KINK_OPS:
         cause = "rounding"
+        nearest = _nearest_kink(eqn, counterparts, one_env, many_env)
         detail = (f"its inputs agree within tolerance, yet its output jumps: an input lies "
-                  f"within rounding of the kink ({_nearest_kink(eqn, counterparts, one_env, many_env)})")
+                  f"within rounding of the kink ({nearest})")
     elif any(how and ("summed" in how or how.startswith("weighted")) for how in ins) and \
             any(how and how.startswith("concatenated") for how in ins):
         cause = "batch_norm"       # a statistic of each shard applied to its examples

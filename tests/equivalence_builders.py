@@ -63,11 +63,11 @@ def average_loss_mean(n, dtype=np.float32):
     return _linear(n, dtype, 4, "average")
 
 
-def batch_norm(n, dtype=np.float32):
-    """An unsynchronized BatchNorm before the linear layer."""
+def batch_norm(n, dtype=np.float32, synchronized=False):
+    """A BatchNorm (unsynchronized unless `synchronized`) before the linear layer."""
     strategy = _strategy(n)
     with strategy.scope():
-        bn = gd.nn.BatchNorm(dtype=dtype)
+        bn = gd.nn.BatchNorm(synchronized=synchronized, dtype=dtype)
         w = gd.Variable(np.linspace(-1, 1, 6).reshape(3, 2).astype(dtype), name="w")
         opt = gd.optimizers.SGD(0.1)
 
@@ -82,6 +82,11 @@ def batch_norm(n, dtype=np.float32):
         return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
 
     return step, (next(iter(strategy.experimental_distribute_dataset([_data(4, dtype)]))),)
+
+
+def batch_norm_synchronized(n, dtype=np.float32):
+    """BatchNorm(synchronized=True): the global batch's statistics on every replica."""
+    return batch_norm(n, dtype, synchronized=True)
 
 
 def dropout(n, dtype=np.float32):

@@ -64,9 +64,13 @@ def test_an_equivalent_builder_is_equivalent_on_every_count():
     assert "4 devices: equivalent" in str(report)
 
 
-def test_an_mlp_on_uneven_shards_with_the_recipe_is_equivalent():
-    """Softmax cross entropy, relu, Adam, 10 rows on 2, 3 and 4 devices: no false alarm."""
-    report = gd.check_equivalence(builders.equivalent_mlp, devices=(1, 2, 3, 4), steps=4)
+@pytest.mark.parametrize("name", ["equivalent_mlp", "batch_norm_synchronized"])
+def test_the_correct_recipes_are_equivalent(name):
+    """No false alarm: softmax cross entropy, relu and Adam on 10 rows over 2, 3 and 4
+    devices (uneven shards, compute_average_loss, sum); a synchronized batch norm (its
+    4 rows split evenly: on 3 devices its per-replica mean loss is rightly reported)."""
+    devices = (1, 2, 3, 4) if name == "equivalent_mlp" else (1, 2, 4)
+    report = gd.check_equivalence(getattr(builders, name), devices=devices, steps=3)
     assert report.equivalent, str(report)
 
 
