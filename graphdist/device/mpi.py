@@ -31,7 +31,7 @@ from graphdist.errors import WorkerError
 
 _NOTICE_TAG = 77
 _ANSWER_SECONDS = 1.0     # how long a timed-out worker waits for the others to say where they are
-_EXIT_GRACE_SECONDS = 1.0  # a failed worker's notice reaches peers between steps meanwhile
+_EXIT_GRACE_SECONDS = 3.0  # the longest a failed worker waits for the others to hear it
 _RECENT = 6               # collectives each worker remembers (its flight recorder)
 _world = []
 
@@ -353,6 +353,7 @@ class Group:
         while (notice := self._next_notice()) is not None:
             if notice["kind"] == "abort":
                 self.blamed = notice["rank"]
+                self._notify({"kind": "heard"}, [notice["rank"]])   # it may leave now
                 self._fail(WorkerError(f"worker {notice['rank']} failed while worker "
                                        f"{self.rank} waited in {what}: {notice['error']}"))
             if notice["kind"] == "where":
@@ -423,6 +424,7 @@ class Group:
                 answers[notice["rank"]] = notice["recent"]
             elif notice["kind"] == "abort":
                 self.blamed = notice["rank"]
+                self._notify({"kind": "heard"}, [notice["rank"]])
                 return WorkerError(f"worker {notice['rank']} failed while worker {self.rank} "
                                    f"waited in {what}: {notice['error']}")
         mine = answers[self.rank][-1]
@@ -448,8 +450,8 @@ class Group:
 
     # ------------------------------------------------------------ leaving
     def leave(self, status: int, error_line: str) -> None:
-        """A failed worker's way out: report to the launcher, give the others a moment to
-        receive its notice, then MPI Abort (never MPI_Finalize, which waits for hung peers).
+        """A failed worker's way out: report to the launcher, wait until the others have
+        received its notice, then MPI Abort (never MPI_Finalize, which waits for hung peers).
         Once: MPI_Abort may return before the launcher stops this process, and the
         interpreter's exit would come here again."""
         if self._leaving:
@@ -458,13 +460,25 @@ class Group:
         _report_to_launcher(self, status, error_line)
         sys.stdout.flush()
         sys.stderr.flush()
-        deadline = time.perf_counter() + _EXIT_GRACE_SECONDS
-        while time.perf_counter() < deadline and not all(r.Test() for _, r in self._sent):
-            time.sleep(1e-3)
-        if self._announced:         # it failed first: peers between steps need a moment
-            time.sleep(max(0.0, deadline - time.perf_counter()))
+        self._until_heard(time.perf_counter() + _EXIT_GRACE_SECONDS)
         self.MPI.COMM_WORLD.Abort(status or 1)
         os._exit(status or 1)
+
+    def _until_heard(self, deadline: float) -> None:
+        """Wait until this worker's notices are sent, and, if it failed first, until every
+        other worker has said it heard (peers between steps hear it at their next
+        collective; the abort would kill them unnamed before). At most until `deadline`:
+        a dead or busy peer does not answer."""
+        waiting_for = set(range(self.size)) - {self.rank} if self._announced else set()
+        while time.perf_counter() < deadline:
+            while (notice := self._next_notice()) is not None:
+                if notice["kind"] in ("heard", "abort"):     # heard it, or failed itself
+                    waiting_for.discard(notice["rank"])
+                if notice["kind"] == "abort":
+                    self._notify({"kind": "heard"}, [notice["rank"]])
+            if not waiting_for and all(r.Test() for _, r in self._sent):
+                return
+            time.sleep(1e-3)
 
     def allgather_bytes(self, data: bytes, what: str = "an all-gather of bytes") -> list:
         """Every worker's `data` (of any length), in rank order: the lengths first, then
