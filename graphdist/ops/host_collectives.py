@@ -83,7 +83,9 @@ host_all_gather_p.def_impl(lambda xp, *xs: tuple(xp.concatenate(xs) for _ in xs)
 @host_all_gather_p.def_out
 def _host_all_gather_out(xp, outs, *xs):
     for out in outs:
-        xp.concatenate(xs, out=out)
+        # the planner may hand over the storage the result flows into through a reshape
+        # (a parameter of another shape, all-gathered by zero_stage > 0): fill it flat
+        xp.concatenate(xs, out=out if out.ndim == xs[0].ndim else out.reshape(-1))
 
 
 host_all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))

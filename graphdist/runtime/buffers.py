@@ -257,7 +257,10 @@ class _Planner:
         eqn)."""
         g = self.g
         for var_in, final in zip(g.inputs[g.num_args:], g.outputs[g.num_results:]):
-            if self.root(final) is out and final is not var_in:
+            # the whole of `out` (a final state that views only part of it, as a split
+            # of an all-gathered bucket does, would overrun the variable's storage)
+            if self.root(final) is out and final is not var_in \
+                    and final.ty.size == out.ty.size:
                 last = self.live.last_use.get(var_in, -1)
                 if last < i or (last == i and elementwise):
                     return var_in

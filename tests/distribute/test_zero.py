@@ -224,3 +224,36 @@ def test_two_workers_at_stage_1_with_accumulation_match_four_local_replicas(tmp_
     restored = gd.Variable(np.zeros((7, 3), np.float32), name="w")
     gd.Checkpoint(w=restored).restore(tmp_path / "ckpt.npz").expect_partial()
     np.testing.assert_array_equal(restored.numpy(), np.float32(reports[0]["w"]))
+
+
+@pytest.mark.parametrize("shapes", [[(128, 64)], [(100, 100), (10,)]])
+def test_large_parameters_all_gathered_into_their_storage(shapes):
+    """Parameters past the arena threshold (16 KiB): the all-gathered bucket may be written
+    straight into a parameter's storage only when it is that whole parameter (a 2-D one,
+    filled flat), never when the parameter is a padded part of a bucket of several."""
+    rng = np.random.default_rng(11)
+    initial = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    x = rng.standard_normal((8, 3)).astype(np.float32)
+
+    def run(stage):
+        strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)], zero_stage=stage)
+        with strategy.scope():
+            ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(initial)]
+            opt = gd.optimizers.Adam(0.1)
+
+        @gd.function
+        def step(x):
+            def replica_fn(x):
+                with gd.GradientTape() as tape:
+                    loss = sum(gd.reduce_sum(gd.square(w)) * gd.reduce_mean(x) for w in ws)
+                opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+                return loss
+            return strategy.run(replica_fn, args=(x,))
+
+        batch = next(iter(strategy.experimental_distribute_dataset([x])))
+        for _ in range(2):
+            step(batch)
+        return [w.numpy() for w in ws]
+
+    for got, want in zip(run(1), run(0)):
+        np.testing.assert_array_equal(got, want)
