@@ -229,6 +229,7 @@ class Group:
         self.recent = collections.deque(maxlen=_RECENT)    # the flight recorder
         self._calls = 0
         self._program = None      # (traced lines, calls before it) of the running program
+        self._header = None       # its schedule check, in flight until its first collective
         # the workers on this host share its cores (BLAS and kernel threads per worker)
         host = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
         self.on_this_host = host.Get_size()
@@ -239,14 +240,20 @@ class Group:
         return f"<MPI group: rank {self.rank} of {self.size}>"
 
     # ------------------------------------------------------------ collectives
-    def allreduce(self, buf, what: str = "an all-reduce") -> None:
-        """buf <- the sum of every worker's buf (in place)."""
+    def allreduce(self, buf, what: str = "an all-reduce", send=None) -> None:
+        """buf <- the sum of every worker's buf (in place), or of every worker's `send`
+        (read straight from it: no copy into buf first)."""
         if self.size > 1:
-            self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), what)
+            self._before_collective()
+            source = self.MPI.IN_PLACE if send is None else send
+            self._wait(self.comm.Iallreduce(source, buf, op=self.MPI.SUM), what)
+        elif send is not None:
+            buf[...] = send
 
     def bcast(self, buf, root: int, what: str = "a broadcast") -> None:
         """buf <- root's buf (in place)."""
         if self.size > 1:
+            self._before_collective()
             self._wait(self.comm.Ibcast(buf, root=root), what)
 
     def allgather(self, send, recv, what: str = "an all-gather") -> None:
@@ -254,10 +261,12 @@ class Group:
         if self.size == 1:
             recv[...] = send.reshape(recv.shape)
             return
+        self._before_collective()
         self._wait(self.comm.Iallgather(send, recv), what)
 
     def barrier(self, what: str = "a barrier") -> None:
         if self.size > 1:
+            self._before_collective()
             self._wait(self.comm.Ibarrier(), what)
 
     def bcast_object(self, obj, root: int = 0, what: str = "a broadcast"):
@@ -276,16 +285,45 @@ class Group:
         return obj if self.rank == root else decode(buf.tobytes())
 
     # ------------------------------------------------------------ the running program
-    def enter_program(self, traced_lines: list):
+    def enter_program(self, traced_lines: list, header=None):
         """A compiled program starts: its k-th collective is the one `traced_lines[k]`
         (its MPI nodes' source lines, in order) was traced at, for the flight recorder.
-        Returns what to hand `leave_program` (an outer program, if any)."""
-        outer = self._program
+        `header`: the schedule check's exchange, posted as the program starts (see
+        `post_allgather`) so that it travels while the program computes; a callable that
+        waits for it and raises on a mismatch, run before the program's first collective
+        is posted. Returns what to hand `leave_program` (an outer program, if any)."""
+        outer = (self._program, self._header)
         self._program = (traced_lines, self._calls)
+        self._header = header
         return outer
 
-    def leave_program(self, outer) -> None:
-        self._program = outer
+    def leave_program(self, outer, settle: bool = True) -> None:
+        """The program ended: a header still in flight (its collectives did not run) is
+        settled, unless the program raised (its header is dropped: the failure is what
+        the other workers hear of)."""
+        try:
+            if settle and self._header is not None:
+                self._before_collective()
+        finally:
+            self._program, self._header = outer
+
+    def post_allgather(self, send, recv):
+        """Start an all-gather (recv <- every worker's send) and return its request, for
+        `wait_for`: the schedule check's header."""
+        return self.comm.Iallgather(send, recv)
+
+    def wait_for(self, request, what: str) -> None:
+        self._wait(request, what)
+
+    def _before_collective(self) -> None:
+        """Settle the running program's schedule header before its first collective moves
+        data; its collectives count from there (the flight recorder's traced lines)."""
+        if self._header is None:
+            return
+        header, self._header = self._header, None
+        header()
+        if self._program is not None:
+            self._program = (self._program[0], self._calls)
 
     def _traced_line(self) -> str:
         if self._program is None:

@@ -4,13 +4,16 @@ A compiled program that crosses worker processes (the "mpi" lowering) has a coll
 schedule: its MPI nodes in program order, each with its kind, shapes, dtypes, reduce op and
 lowering. `schedule_of` lists it and `fingerprint` hashes it (sha256 of a canonical JSON)
 when the program is built. Every call of such a program, a step or an eager
-`strategy.reduce`/`gather` (which compiles a small program of its own), first exchanges a
-16-byte header with the other workers: the group's call number and the fingerprint. Headers
-that differ mean the workers are about to run different collectives (one called an extra
-reduce, or compiled a different step): rather than sum one worker's 5 floats into the
+`strategy.reduce`/`gather` (which compiles a small program of its own), exchanges a
+16-byte header with the other workers: the group's call number and the fingerprint. It is
+posted as the program starts and waited for just before the program's first collective
+posts (`Group.enter_program`), so it travels while the forward and backward pass compute.
+Headers that differ mean the workers are about to run different collectives (one called an
+extra reduce, or compiled a different step): rather than sum one worker's 5 floats into the
 other's gradient bucket, every worker raises WorkerError naming the first differing
-collective and each rank's entry and source line. The program has not run: no variable
-changed.
+collective and each rank's entry and source line, before any data moves (what the program
+computed before its first collective is dropped with the error; the updates come after).
+Collectives outside compiled code (`agree_on_collective`) wait for theirs at once.
 
 The header costs one small all-gather per call of such a program; a step's own
 collectives are checked by it too, since an extra eager collective on one worker meets the
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import linecache
 import os
+import sys
 
 import numpy as np
 
-from graphdist.errors import WorkerError, user_frame_text
+from graphdist.errors import WorkerError
 from graphdist.ir import Graph
 
 _calls: dict = {}          # id(group) -> the number of checked calls made on it
@@ -104,19 +109,51 @@ def _unplaced(schedule: list[dict], k: int):
 def agree(group, schedule: list[dict], digest: bytes) -> None:
     """Exchange (call number, digest) with every worker; raise on every worker where any
     differs. Called before the program's first collective."""
-    call = _calls.get(id(group), 0)
-    _calls[id(group)] = call + 1
-    if group.size == 1:
-        return
-    header = np.array([call, int.from_bytes(digest[:8], "little", signed=True)], np.int64)
-    every = np.empty(2 * group.size, np.int64)
-    group.allgather(header, every, "the check of the workers' collective schedules")
-    if (every.reshape(group.size, 2) == header).all():
-        return
-    mine = json.dumps({"call": call, "caller": user_frame_text(), "schedule": schedule})
-    sides = [json.loads(b) for b in group.allgather_bytes(
-        mine.encode(), "the exchange of differing collective schedules")]
-    raise WorkerError(_mismatch_text(group.rank, sides))
+    Header(group, schedule, digest, sys._getframe(1))()
+
+
+class Header:
+    """One check: this worker's (call number, digest) all-gathered with every worker's,
+    posted when made; calling it waits for the exchange and raises WorkerError on every
+    worker where any differs (then exchanging the schedules, to name them)."""
+
+    def __init__(self, group, schedule: list[dict], digest: bytes, frame=None,
+                 on_agreed=None):
+        self.call = _calls.get(id(group), 0)
+        _calls[id(group)] = self.call + 1
+        self.group, self.schedule, self.frame, self.on_agreed = group, schedule, frame, on_agreed
+        if group.size == 1:
+            self.request = None
+            return
+        self.header = np.array([self.call, int.from_bytes(digest[:8], "little", signed=True)],
+                               np.int64)
+        self.every = np.empty(2 * group.size, np.int64)
+        self.request = group.post_allgather(self.header, self.every)
+
+    def __call__(self) -> None:
+        group = self.group
+        if self.request is not None:
+            group.wait_for(self.request, "the check of the workers' collective schedules")
+            if not (self.every.reshape(group.size, 2) == self.header).all():
+                mine = json.dumps({"call": self.call, "caller": _caller_text(self.frame),
+                                   "schedule": self.schedule})
+                sides = [json.loads(b) for b in group.allgather_bytes(
+                    mine.encode(), "the exchange of differing collective schedules")]
+                raise WorkerError(_mismatch_text(group.rank, sides))
+        if self.on_agreed is not None:
+            self.on_agreed()
+
+
+def _caller_text(frame) -> str:
+    """'file.py:14  <line>' of the innermost frame outside graphdist from `frame` out (the
+    frame that called the program: its thread may be a device thread by now)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None and frame.f_code.co_filename.startswith((package, "<graphdist")):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    return f"{os.path.basename(filename)}:{lineno}  {linecache.getline(filename, lineno).strip()}"
 
 
 def agree_on_collective(group, kind: str, shape=(), dtype: str = "", op: str = "") -> None:
@@ -142,16 +179,26 @@ class ScheduleChecked:
         self.checked = False
 
     def __call__(self, arrays):
+        """Run the program, its header in flight meanwhile: posted now, settled by the
+        group before the program's first collective posts (so the exchange overlaps the
+        computation before it, and no data moves unless the workers agree)."""
         mode = _mode()
+        header = None
         if mode != "0" and not (self.checked and mode == "first"):
-            agree(self.group, self.schedule, self.digest)
-            self.checked = True
+            header = Header(self.group, self.schedule, self.digest, sys._getframe(1),
+                            self._agreed)
         # the group's flight recorder pairs the program's collectives with their traced lines
-        outer = self.group.enter_program(self.lines)
+        outer = self.group.enter_program(self.lines, header)
         try:
-            return self.inner(arrays)
-        finally:
-            self.group.leave_program(outer)
+            result = self.inner(arrays)
+        except BaseException:
+            self.group.leave_program(outer, settle=False)
+            raise
+        self.group.leave_program(outer)
+        return result
+
+    def _agreed(self) -> None:
+        self.checked = True
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
