@@ -139,6 +139,7 @@ class Model(Layer):
                              f"{steps_per_execution!r}")
         loss_fn, loss_name = losses.get(loss)
         strategy = get_strategy()
+        self._check_built_under(strategy)
         with strategy.scope():
             if config.precision() == "mixed_float16" and \
                     not isinstance(optimizer, LossScaleOptimizer):
@@ -154,6 +155,16 @@ class Model(Layer):
         self._compiled_metrics, self._loss_tracker = made, tracker
         self._steps_per_execution = steps_per_execution
         self._bodies, self._single_steps, self._predict_fn = {}, {}, None
+
+    def _check_built_under(self, strategy) -> None:
+        """A model whose variables were made under another strategy cannot train under
+        this one (TF: "the model must be created under the same strategy scope")."""
+        owner = next((v._strategy for v in self.variables), strategy)
+        if owner is not strategy:
+            raise ValueError(f"compile: {type(self).__name__} '{self.name}' made its variables "
+                             f"under {owner!r}, and compile is called under {strategy!r}; "
+                             "make the model (and call it, if you build it by a call) inside "
+                             "the same strategy.scope() as compile")
 
     @property
     def metrics(self) -> list:

@@ -216,6 +216,14 @@ def test_a_loss_that_is_not_per_example_is_refused():
         model.fit(X, Y, batch_size=8, verbose=0)
 
 
+def test_compile_under_another_strategy_than_the_variables_says_so():
+    model = _sequential()
+    model(X[:1])                                   # built outside any strategy
+    with _strategy(2).scope():
+        with pytest.raises(ValueError, match="made its variables under .*same strategy.scope"):
+            model.compile(gd.optimizers.SGD(0.1), "mse")
+
+
 def test_fit_before_compile_says_so():
     with pytest.raises(RuntimeError, match="call compile"):
         _sequential().fit(X, Y)
@@ -276,3 +284,49 @@ def test_sequence_losses_average_over_every_element_and_endless_input():
                                [per_element[:8].mean(), np.r_[per_element[8:],
                                                               per_element[:4]].mean()],
                                rtol=1e-5)
+
+
+def _accumulated_reference_16(epochs, batch_size, k, rows=16):
+    """SGD with momentum applied every k batches with the mean of the k batch-mean
+    gradients (the optimizer's gradient_accumulation_steps with the mean reduction)."""
+    params = [W1.astype(np.float64), B1.astype(np.float64), W2.astype(np.float64),
+              B2.astype(np.float64)]
+    buffers = [np.zeros_like(p) for p in params]
+    window, seen = [np.zeros_like(p) for p in params], 0
+    for _ in range(epochs):
+        for start in range(0, rows, batch_size):
+            x, y = X[start:start + batch_size].astype(np.float64), Y[start:start + batch_size]
+            w1, b1, w2, b2 = params
+            h = np.maximum(x @ w1 + b1, 0)
+            z = h @ w2 + b2
+            p = np.exp(z - z.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            dz = (p - np.eye(C)[y]) / len(y)
+            dh = (dz @ w2.T) * (h > 0)
+            for j, g in enumerate([x.T @ dh, dh.sum(0), h.T @ dz, dz.sum(0)]):
+                window[j] = window[j] + g
+            seen += 1
+            if seen == k:
+                for j in range(4):
+                    buffers[j] = MOMENTUM * buffers[j] + window[j] / k
+                    params[j] = params[j] - LR * buffers[j]
+                window, seen = [np.zeros_like(p) for p in params], 0
+    return params
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_fit_honours_gradient_accumulation(steps_per_execution, reduction):
+    """Either reduction: one update per 2 batches, as one step on the 2 batches together
+    (fit's loss factor is 1 / (2 global batches) under the sum reduction)."""
+    strategy = _strategy(2)
+    with strategy.scope():
+        model = _sequential()
+        model.compile(gd.optimizers.SGD(LR, momentum=MOMENTUM, gradient_accumulation_steps=2,
+                                        gradient_reduction=reduction),
+                      gd.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=steps_per_execution)
+    model.fit(X[:16], Y[:16], batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert model.optimizer.iterations.numpy() == 2
+    for got, want in zip(model.get_weights(), _accumulated_reference_16(2, 8, 2)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
