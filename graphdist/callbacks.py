@@ -189,7 +189,8 @@ class _Monitor:
 
 class ModelCheckpoint(Callback):
     """Saves the model at the end of every epoch (or every `save_freq` batches):
-    `filepath` is formatted with `epoch` (counted from 1, as in Keras) and the logs' values
+    `filepath` is formatted with `epoch` (counted from 1, as in Keras), with `batch` (within
+    the epoch, from 1) when saving every `save_freq` batches, and with the logs' values
     ("w-{epoch:02d}-{val_loss:.2f}.safetensors"). save_weights_only=True writes
     model.save_weights(path) (safetensors for a .safetensors suffix, else the checkpoint
     format); False writes a gd.Checkpoint of the model and its optimizer. With
@@ -219,13 +220,13 @@ class ModelCheckpoint(Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.save_freq != "epoch" and _crossed(self.model, self.save_freq):
-            self._save(self._epoch, logs)
+            self._save(self._epoch, logs, batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.save_freq == "epoch":
             self._save(epoch, logs)
 
-    def _save(self, epoch: int, logs) -> None:
+    def _save(self, epoch: int, logs, batch: int | None = None) -> None:
         logs = dict(logs or {})
         if self.save_best_only:
             value = self._monitor.value(logs, "ModelCheckpoint")
@@ -233,7 +234,8 @@ class ModelCheckpoint(Callback):
                 return
             self._monitor.best = value
         try:
-            path = self.filepath.format(epoch=epoch + 1, **logs)
+            fields = {"epoch": epoch + 1, **({} if batch is None else {"batch": batch})}
+            path = self.filepath.format(**fields, **logs)
         except KeyError as e:
             raise KeyError(f"ModelCheckpoint: filepath {self.filepath!r} names {e}, which the "
                            f"logs do not have (they have {sorted(logs)})") from None

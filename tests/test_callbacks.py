@@ -108,6 +108,21 @@ def test_model_checkpoint_formats_the_path_and_saves_best_only(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_model_checkpoint_every_n_batches(tmp_path):
+    """save_freq=2 over 2 epochs of 3 batches: after batches 2, 4 and 6 of training."""
+    saver = gd.callbacks.ModelCheckpoint(str(tmp_path / "w-{epoch}-{batch}-{loss:.3f}.npz"),
+                                         save_freq=2)
+    seen = []
+
+    class Losses(gd.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(logs["loss"])
+
+    _model().fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[Losses(), saver])
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [f"w-1-2-{seen[1]:.3f}.npz", f"w-2-1-{seen[3]:.3f}.npz", f"w-2-3-{seen[5]:.3f}.npz"])
+
+
 def test_model_checkpoint_with_the_optimizer(tmp_path):
     model = _model()
     model.fit(X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[
