@@ -69,6 +69,36 @@ def test_summary_lists_parameters_gradients_slots_and_peak_activations(stage):
     assert "peak activations" in text
 
 
+def test_a_bucket_shared_by_cut_updates_counts_once():
+    # the MLP's six parameters on 4 replicas: the fused all-reduce + Adam update comes in
+    # two nodes that both read the same bucket, which must count once
+    shapes = [(300, 256), (256,), (256, 256), (256,), (256, 10), (10,)]
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+    with strategy.scope():
+        ws = [gd.Variable(np.full(s, 0.1, np.float32)) for s in shapes]
+        opt = gd.optimizers.Adam(0.01)
+
+    @gd.function
+    def step(x):
+        def replica_fn(x):
+            with gd.GradientTape() as tape:
+                h = x
+                for i in range(0, 6, 2):
+                    h = h @ ws[i] + ws[i + 1]
+                    h = gd.relu(h) if i < 4 else h
+                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(
+                    np.zeros(1, np.int32), h))
+            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+            return loss
+        return strategy.run(replica_fn, args=(x,))
+
+    x = np.ones((4, shapes[0][0]), np.float32)
+    step(next(iter(strategy.experimental_distribute_dataset([x]))))
+    g = step.replicated_graph
+    assert sum(e.op.name == "host_reduce_update" for e in g.eqns) == 2
+    assert stats(g)["memory"]["cpu:1"]["gradients"] == 4 * sum(math.prod(s) for s in shapes)
+
+
 def test_accumulators_count_as_gradients():
     step, batch = build(2, 0, k=2)
     step(*batch)                                   # a micro-step: no collective at all

@@ -63,14 +63,16 @@ def memory_bytes(g: Graph) -> dict:
         row = rows.get(getattr(ref, "role", ""))
         if row is not None:
             add(var.device, row, var.ty.nbytes)
+    buckets: set = set()
     for eqn in g.eqns:
         name = eqn.op.name
         if name in _REDUCING:
             for v in eqn.outputs:
                 add(v.device if v.device is not None else eqn.device, "gradients", v.ty.nbytes)
-        elif name == "host_reduce_update":         # the buckets, reduced chunk by chunk
-            for v in eqn.inputs[:dict(eqn.params).get("replicas", 0)]:
-                if isinstance(v, Var):
+        elif name == "host_reduce_update":   # the buckets, reduced chunk by chunk; an update
+            for v in eqn.inputs[:dict(eqn.params).get("replicas", 0)]:   # cut in parts
+                if isinstance(v, Var) and v not in buckets:             # shares them
+                    buckets.add(v)
                     add(v.device, "gradients", v.ty.nbytes)
     for d, nbytes in peak.items():
         add(d, "peak activations", nbytes)
