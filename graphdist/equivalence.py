@@ -92,6 +92,7 @@ class Divergence:
     cause: str = ""           # a key of CAUSES, or ""
     float64: str = ""         # what the float64 rerun said, when asked
     others: list = field(default_factory=list)   # the other values differing at that step
+    note: str = ""            # why no node or cause is given (across workers)
 
     def text(self) -> str:
         what = _what_text(self.what, self.variable)
@@ -107,8 +108,11 @@ class Divergence:
                 lines.append(f"  traced at  {self.source}")
             if self.detail:
                 lines.append(f"  {self.detail}")
-        lines.append("likely cause: " + (CAUSES[self.cause] if self.cause else
-                                         "none of the known ones"))
+        if self.note:
+            lines.append(self.note)
+        else:
+            lines.append("likely cause: " + (CAUSES[self.cause] if self.cause else
+                                             "none of the known ones"))
         if self.float64:
             lines.append(self.float64)
         return "\n".join(lines)
@@ -120,6 +124,7 @@ class CountResult:
     equivalent: bool
     max_diff: float = 0.0
     divergence: Divergence | None = None
+    workers: int = 1          # > 1: across workers, where gradients are not compared
 
 
 @dataclass
@@ -148,8 +153,10 @@ class EquivalenceReport:
                  f"atol {self.atol:g}, {self.dtype}"]
         for r in self.results:
             if r.equivalent:
-                lines.append(f"{r.devices} devices: equivalent (losses, gradients and "
-                             f"parameters within tolerance; max |diff| {r.max_diff:.3g})")
+                compared = ("losses, gradients and parameters" if r.workers == 1 else
+                            f"losses and parameters, across {r.workers} workers")
+                lines.append(f"{r.devices} devices: equivalent ({compared} within "
+                             f"tolerance; max |diff| {r.max_diff:.3g})")
             else:
                 lines.append(f"{r.devices} devices: NOT equivalent")
                 lines += ["  " + line for line in r.divergence.text().splitlines()]
@@ -173,6 +180,7 @@ class _Run:
     replicas: list            # per replica: its eqns in order (collectives excluded)
     shares: list              # per replica: its share of the global batch
     steps: list
+    workers: int = 1          # > 1: a multi-worker strategy, this process's replicas only
 
 
 def _build(builder, n: int, dtype):
@@ -195,10 +203,14 @@ def _host(x) -> np.ndarray:
     return np.array(x.get() if hasattr(x, "get") else x)
 
 
-def _float_leaves(result) -> list:
+def _float_leaves(result, per_replica: bool = True) -> list:
+    """Each float result leaf as a list of arrays (one per replica for a PerReplica; those
+    left out when `per_replica` is False: across workers a process holds only its own)."""
     leaves, _, _ = flatten(result, leaf_types=(PerReplica,))
     out = []
     for leaf in leaves:
+        if isinstance(leaf, PerReplica) and not per_replica:
+            continue
         values = leaf.values if isinstance(leaf, PerReplica) else (leaf,)
         arrays = [_host(v) for v in values]
         if all(is_float(a.dtype) for a in arrays):
@@ -220,17 +232,30 @@ def _run(builder, n: int, steps: int, dtype) -> _Run:
     rows = [arrays[r * per].shape[0] if per and arrays[r * per].ndim else 1
             for r in range(len(compiled.feeds))]
     total = sum(rows) or 1
-    run = _Run(n, placed, replicas, [b / total for b in rows], [])
+    run = _Run(n, placed, replicas, [b / total for b in rows], [],
+               _workers(compiled.variables.values()))
     by_name = {ref.name: v for ref, v in compiled.variables.items()}
     for _ in range(steps):
-        state = [_component(s, compiled.variables[ref])
-                 for s, ref in zip(placed.inputs[placed.num_args:], placed.variables)]
-        env = _interpret(placed, arrays, state)
+        env = {}
+        if run.workers == 1:   # across workers this process holds only its own replicas
+            state = [_component(s, compiled.variables[ref])
+                     for s, ref in zip(placed.inputs[placed.num_args:], placed.variables)]
+            env = _interpret(placed, arrays, state)
         result = f(*args)
-        run.steps.append(_Step(_float_leaves(result), _gradients(placed, env, devices),
+        run.steps.append(_Step(_float_leaves(result, run.workers == 1),
+                               _gradients(placed, env, devices) if env else {},
                                {name: _host(v.values[0]) for name, v in by_name.items()
                                 if is_float(v.dtype)}, env))
     return run
+
+
+def _workers(variables) -> int:
+    """How many worker processes the step's strategy spans (MultiWorkerMirroredStrategy)."""
+    for v in variables:
+        group = getattr(v._strategy, "_group", None)
+        if group is not None:
+            return group.size
+    return 1
 
 
 def _component(state_var, variable) -> np.ndarray:
@@ -513,11 +538,17 @@ def compare(one: _Run, many: _Run, rtol, atol) -> CountResult:
         found = _first_difference(k, a, b, many.shares, rtol, atol)
         if isinstance(found, Divergence):
             found.devices = many.devices
+            if many.workers > 1:
+                found.note = (f"(the {many.devices} devices span {many.workers} worker "
+                                 "processes: each holds only its own replicas, so the node "
+                                 "and the cause are found on one process: run the builder "
+                                 "with a MirroredStrategy of as many devices, without launch)")
+                return CountResult(many.devices, False, divergence=found, workers=many.workers)
             node, source, detail, cause = locate(one, many, k, rtol, atol)
             found.node, found.source, found.detail, found.cause = node, source, detail, cause
             return CountResult(many.devices, False, divergence=found)
         worst = max(worst, found)
-    return CountResult(many.devices, True, max_diff=worst)
+    return CountResult(many.devices, True, max_diff=worst, workers=many.workers)
 
 
 def _what_text(what: str, name: str) -> str:

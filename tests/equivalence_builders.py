@@ -170,3 +170,33 @@ def equivalent_mlp(n, dtype=np.float32):
 
 def uneven_mean_mlp(n, dtype=np.float32):
     return _mlp(n, dtype, "mean")
+
+
+def across_workers(n, dtype=np.float32, reduction="mean"):
+    """Under graphdist launch: n devices as a MultiWorkerMirroredStrategy over the workers
+    (n // workers each), one device locally; compute_average_loss on 4 rows, with the
+    optimizer's `reduction`."""
+    import os
+
+    workers = int(os.environ.get("PMI_SIZE", "1"))
+    strategy = (_strategy(1) if n == 1 else
+                gd.MultiWorkerMirroredStrategy([f"cpu:{i}" for i in range(n // workers)]))
+    with strategy.scope():
+        w = gd.Variable(np.linspace(-1, 1, 6).reshape(3, 2).astype(dtype), name="w")
+        opt = gd.optimizers.SGD(0.1, gradient_reduction=reduction)
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                per_example = gd.reduce_sum(gd.square(x @ w - y), axis=1)
+                loss = gd.nn.compute_average_loss(per_example, global_batch_size=4)
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+            return loss
+        return strategy.reduce("sum", strategy.run(replica_fn, args=batch))
+
+    return step, (next(iter(strategy.experimental_distribute_dataset([_data(4, dtype)]))),)
+
+
+def across_workers_sum(n, dtype=np.float32):
+    return across_workers(n, dtype, reduction="sum")

@@ -17,6 +17,7 @@ from graphdist.equivalence import EquivalenceError
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 import equivalence_builders as builders  # noqa: E402
+from mpi_launch import needs_mpi  # noqa: E402
 
 
 def _line_of(text: str, builder: str = "_linear") -> str:
@@ -154,3 +155,26 @@ def test_cli_main_runs_the_check_in_process(monkeypatch, capsys):
     with pytest.raises(SystemExit, match="graphdist check: module 'equivalence_builders' has "
                        "no 'missing'"):
         cli.main(["check", "equivalence_builders:missing", "--devices", "1,2"])
+
+
+def _launched(builder: str):
+    return subprocess.run([sys.executable, "-m", "graphdist", "launch", "-n", "2", "-m",
+                           "graphdist", "check", f"equivalence_builders:{builder}",
+                           "--devices", "1,2,4", "--steps", "2"], cwd=TESTS,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+@needs_mpi
+def test_across_workers_the_verdict_and_exit_status_hold():
+    """Under graphdist launch -n 2: the chief prints one report; the recipe is equivalent on
+    2 and 4 devices (exit 0), compute_average_loss averaged again is not (exit 1)."""
+    good = _launched("across_workers_sum")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.count("graphdist check equivalence_builders:across_workers_sum") == 1
+    assert "4 devices: equivalent (losses and parameters, across 2 workers" in good.stdout
+    bad = _launched("across_workers")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "2 devices: NOT equivalent" in bad.stdout and "4 devices: NOT equivalent" in bad.stdout
+    assert "the value of w after the step" in bad.stdout
+    assert "span 2 worker processes" in bad.stdout
