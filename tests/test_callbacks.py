@@ -191,9 +191,24 @@ def test_csv_logger_writes_each_epoch(tmp_path):
         assert [float(r[key]) for r in rows] == pytest.approx(history.history[key])
 
 
+def _crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli, reflected 0x82F63B78), bit by bit: the TFRecord checksum."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked(crc: int) -> int:
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def _event_scalars(folder) -> dict:
     """{tag: [(step, value)]} from the TFRecord-framed event files of `folder` (length
-    u64, its masked crc u32, the Event proto, its masked crc u32)."""
+    u64, its masked crc32c u32, the Event proto, its masked crc32c u32), every checksum
+    checked as TensorBoard's reader checks them."""
     from tensorboardX.proto import event_pb2
 
     scalars: dict = {}
@@ -201,9 +216,14 @@ def _event_scalars(folder) -> dict:
         data = open(os.path.join(folder, name), "rb").read()
         at = 0
         while at < len(data):
-            (length,) = struct.unpack("<Q", data[at:at + 8])
+            header = data[at:at + 8]
+            (length,) = struct.unpack("<Q", header)
+            (header_crc,) = struct.unpack("<I", data[at + 8:at + 12])
             record = data[at + 12:at + 12 + length]
-            at += 12 + length + 4
+            (record_crc,) = struct.unpack("<I", data[at + 12 + length:at + 16 + length])
+            assert header_crc == _masked(_crc32c(header))
+            assert record_crc == _masked(_crc32c(record))
+            at += 16 + length
             event = event_pb2.Event.FromString(record)
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
