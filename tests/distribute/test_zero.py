@@ -257,3 +257,25 @@ def test_large_parameters_all_gathered_into_their_storage(shapes):
 
     for got, want in zip(run(1), run(0)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_large_gradient_is_reduce_scattered_alone():
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"], zero_stage=1)
+    with strategy.scope():
+        ws = [gd.Variable(np.full(s, 0.5, np.float32)) for s in [(3,), (512, 512), (4,)]]
+        opt = gd.optimizers.SGD(0.1, momentum=0.9)
+
+    @gd.function
+    def step():
+        def replica_fn():
+            with gd.GradientTape() as tape:
+                loss = sum(gd.reduce_sum(gd.square(w)) for w in ws)
+            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+        return strategy.run(replica_fn)
+
+    step()
+    ops = [e.op.name for e in step.graph.eqns if e.op.collective]
+    # the 1 MiB gradient alone, the two small ones in one bucket; then the gathers
+    assert ops == ["reduce_scatter", "reduce_scatter", "all_gather", "all_gather"]
+    for w in ws:     # 0.5 - 0.1 * 2 * 0.5
+        np.testing.assert_allclose(w.numpy(), np.full(w.shape, 0.4), rtol=1e-6)
