@@ -5,6 +5,7 @@ an exception stops part-way resumes from the backup and ends with the same weigh
 bit, as an uninterrupted fit."""
 
 import csv
+import importlib.util
 import os
 import struct
 import subprocess
@@ -325,3 +326,12 @@ def test_backup_and_restore_after_a_killed_worker_under_launch_restarts(tmp_path
     for k in range(4):
         np.testing.assert_array_equal(killed[f"arr_{k}"], whole[f"arr_{k}"])
     np.testing.assert_allclose(killed["loss"], whole["loss"][1:], rtol=1e-6)
+    # and the 2 workers trained as one process on 2 devices does
+    spec = importlib.util.spec_from_file_location("fit_restart", FIT_RESTART)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    one_process = script.compiled_model(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    history = script.fit(one_process)
+    for k, value in enumerate(one_process.get_weights()):
+        np.testing.assert_allclose(whole[f"arr_{k}"], value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(whole["loss"], history.history["loss"], rtol=1e-5)
