@@ -77,9 +77,10 @@ def _overrides(callback, hook: str) -> bool:
 
 
 class CallbackList:
-    """The callbacks of one fit/evaluate call, called in order. `wants_batch_logs` says
-    whether any batch hook is overridden: the model reads the running metrics after each
-    execution only then (a read is a sum over the replicas)."""
+    """The callbacks of one fit/evaluate call; `callbacks.on_epoch_end(epoch, logs)` calls
+    each one's hook, in order. `wants(hook)` says whether any callback overrides `hook`:
+    fit reads the running metrics for the batch hooks only then (a read sums over the
+    replicas)."""
 
     def __init__(self, callbacks, model, params: dict):
         self.callbacks = list(callbacks)
