@@ -430,8 +430,8 @@ class TensorBoard(Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.update_freq == "epoch" or not is_chief(self.model):
             return
-        step = self.model._batches_total
-        if step % self.update_freq == 0:
+        if _crossed(self.model, self.update_freq):
+            step = self.model._batches_total
             for key, value in (logs or {}).items():
                 self._writer("train").add_scalar(f"batch_{key}", value, step)
 

@@ -245,6 +245,20 @@ def test_tensorboard_scalars_read_back(tmp_path):
             history.history[f"val_{key}"])
 
 
+def test_tensorboard_batch_values_every_n_batches(tmp_path):
+    seen = []
+
+    class Losses(gd.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(logs["loss"])
+
+    _model().fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[
+        Losses(), gd.callbacks.TensorBoard(str(tmp_path), update_freq=2)])
+    batches = _event_scalars(tmp_path / "train")["batch_loss"]
+    assert [s for s, _ in batches] == [2, 4, 6]
+    assert [v for _, v in batches] == pytest.approx([seen[1], seen[3], seen[5]])
+
+
 class Crash(gd.callbacks.Callback):
     def __init__(self, epoch, batch):
         super().__init__()
