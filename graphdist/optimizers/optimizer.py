@@ -240,9 +240,10 @@ class Optimizer:
 
             self._slots[key] = zero.ShardedSlot(var, f"{var.name}/{self.name}/{name}")
         if key not in self._slots:
-            self._slots[key] = with_role("slot", Variable(np.zeros(var.shape, var.dtype), trainable=False,
-                                        name=f"{var.name}/{self.name}/{name}",
-                                        _devices=var.devices, _strategy=var._strategy))
+            self._slots[key] = with_role("slot", Variable(
+                np.zeros(var.shape, var.dtype), trainable=False,
+                name=f"{var.name}/{self.name}/{name}", _devices=var.devices,
+                _strategy=var._strategy))
         return self._slots[key]
 
     def slots(self) -> dict:

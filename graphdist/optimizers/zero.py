@@ -93,10 +93,10 @@ class ShardedSlot:
         self.name = name
         self.shape, self.dtype = tuple(var.shape), np.dtype(var.dtype)
         self.length = shard_length(math.prod(self.shape), self.n)
-        self.shard = with_role("slot", Variable(np.zeros(self.length, self.dtype), trainable=False, name=name,
-                              synchronization=VariableSynchronization.ON_READ,
-                              aggregation=VariableAggregation.NONE, _devices=var.devices,
-                              _strategy=strategy))
+        self.shard = with_role("slot", Variable(
+            np.zeros(self.length, self.dtype), trainable=False, name=name,
+            synchronization=VariableSynchronization.ON_READ,
+            aggregation=VariableAggregation.NONE, _devices=var.devices, _strategy=strategy))
 
     synchronization = property(lambda self: self.shard.synchronization)
     aggregation = property(lambda self: self.shard.aggregation)

@@ -133,7 +133,8 @@ def stats(g: Graph) -> dict:
     _, members, moved = collective_totals(groups)        # as the HTML header counts them
     return {"devices": lanes, "eqns": len(g.eqns), "inputs": len(g.inputs),
             "ops": {d: dict(c) for d, c in ops.items()}, "flops": flops, "bytes": touched,
-            "peak_bytes": peak_bytes(g), "memory": memory_bytes(g), "collectives": [_describe(g, c) for c in groups],
+            "peak_bytes": peak_bytes(g), "memory": memory_bytes(g),
+            "collectives": [_describe(g, c) for c in groups],
             "collective_nodes": members, "moved": moved}
 
 
