@@ -18,6 +18,10 @@ import graphdist as gd
 from mpi_launch import SCRIPTS, needs_mpi
 
 FIT_RESTART = os.path.join(SCRIPTS, "fit_restart.py")
+needs_safetensors = pytest.mark.skipif(importlib.util.find_spec("safetensors") is None,
+                                       reason="the safetensors extra is not installed")
+needs_tensorboardx = pytest.mark.skipif(importlib.util.find_spec("tensorboardX") is None,
+                                        reason="the tensorboard extra is not installed")
 rng = np.random.default_rng(5)
 N, D, C = 24, 4, 3
 X = rng.normal(size=(N, D)).astype(np.float32)
@@ -87,6 +91,7 @@ def test_batch_logs_are_running_values():
     assert seen[-1]["loss"] == history.history["loss"][0]
 
 
+@needs_safetensors
 def test_model_checkpoint_formats_the_path_and_saves_best_only(tmp_path):
     scores = [3.0, 1.0, 2.0, 0.5]
     script = Script("score", scores)
@@ -231,8 +236,8 @@ def _event_scalars(folder) -> dict:
     return scalars
 
 
+@needs_tensorboardx
 def test_tensorboard_scalars_read_back(tmp_path):
-    pytest.importorskip("tensorboardX")
     history = _model().fit(X, Y, batch_size=8, epochs=3, verbose=0,
                            validation_data=(X[:6], Y[:6]),
                            callbacks=[gd.callbacks.TensorBoard(str(tmp_path))])
@@ -245,6 +250,7 @@ def test_tensorboard_scalars_read_back(tmp_path):
             history.history[f"val_{key}"])
 
 
+@needs_tensorboardx
 def test_tensorboard_batch_values_every_n_batches(tmp_path):
     seen = []
 
@@ -349,3 +355,9 @@ def test_backup_and_restore_after_a_killed_worker_under_launch_restarts(tmp_path
     for k, value in enumerate(one_process.get_weights()):
         np.testing.assert_allclose(whole[f"arr_{k}"], value, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(whole["loss"], history.history["loss"], rtol=1e-5)
+
+
+def test_tensorboard_without_tensorboardx_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(ImportError, match=r"graphdist\[tensorboard\]"):
+        gd.callbacks.TensorBoard("logs")
