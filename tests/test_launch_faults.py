@@ -103,6 +103,32 @@ def test_a_hung_worker_is_named_at_the_timeout_and_the_launch_exits(tmp_path, ch
     assert "worker 0 failed (MPI abort with exit code 1" in lines["1"], done.stderr
 
 
+def test_the_launchers_word_raises_at_once_only_in_the_users_own_code():
+    """A worker told by the launcher that another failed raises where the signal found it
+    only in the script's own code (asleep, say); inside graphdist, the standard library or
+    an installed package (a Numba compile) it waits for its next collective."""
+    import inspect
+    import json as stdlib_json
+
+    import numba
+
+    assert mpi._in_user_code(inspect.currentframe())
+    assert not mpi._in_user_code(None)
+    frames = []
+    stdlib_json.loads("1", parse_int=lambda text: frames.append(sys._getframe(1)) or 1)
+    assert frames and not mpi._in_user_code(frames[0])                 # the stdlib's
+    assert not mpi._in_user_code(sys._getframe().f_back)               # pytest's (a package)
+    assert numba.__file__ and not mpi._in_user_code(
+        type("F", (), {"f_code": type("C", (), {"co_filename": numba.__file__})})())
+    assert not mpi._in_user_code(_graphdist_frame())
+
+
+def _graphdist_frame():
+    found = []
+    gd.function(lambda x: found.append(sys._getframe(1)) or x)(np.ones(2, np.float32))
+    return found[0]
+
+
 # ---------------------------------------------------------------- restarts
 @needs_mpi
 def test_launch_restarts_a_job_whose_worker_was_killed_and_it_ends_as_an_uninterrupted_run(

@@ -105,6 +105,19 @@ def _caller_line() -> tuple | None:
     return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
 
 
+def _in_user_code(frame) -> bool:
+    """Whether `frame` (where a signal interrupted the main thread) is the user's own
+    code: not graphdist's, not the standard library's, not an installed package's."""
+    import sysconfig
+
+    if frame is None:
+        return False
+    paths = sysconfig.get_paths()
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return not frame.f_code.co_filename.startswith(
+        (ours, "<", paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]))
+
+
 def _line_text(where) -> str:
     import linecache
 
@@ -365,11 +378,15 @@ class Group:
 
     def launcher_says_lost(self, signum=None, frame=None) -> None:
         """SIGUSR1 from `graphdist launch`: another worker failed (see
-        `_listen_to_launcher`). In a collective's wait the wait raises; elsewhere (between
-        steps, asleep, hung in Python) this raises now, so every live worker says why it
-        stops; a worker already failing goes on leaving."""
+        `_listen_to_launcher`). In a collective's wait, or at the next one, the wait
+        raises. Interrupted in the user's own code (asleep, hung in a loop of the script)
+        this raises now, so that worker too says why it stops, as Ctrl-C would; never
+        inside graphdist or a library (a Numba compile, a lock), where an exception from
+        nowhere could leave things half done: those go on to their next collective, or
+        are stopped by the launcher. A worker already failing goes on leaving."""
         self._lost = True
-        if not self._waiting and self.failed is None and not self._leaving:
+        if not self._waiting and self.failed is None and not self._leaving \
+                and _in_user_code(frame):
             self._fail(self._lost_worker("ran outside any collective"))
 
     def _lost_worker(self, where: str) -> WorkerError:
