@@ -10,7 +10,7 @@ import sys
 
 BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update",
               "embedding", "mirrored_mlp", "cnn", "layer_norm", "gpt", "gpu", "run_steps", "multi_worker",
-              "simulate"]
+              "simulate", "zero"]
 
 
 def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
