@@ -352,9 +352,17 @@ def test_backup_and_restore_after_a_killed_worker_under_launch_restarts(tmp_path
     spec.loader.exec_module(script)
     one_process = script.compiled_model(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
     history = script.fit(one_process)
+    X_RESTART, Y_RESTART = script.X, script.Y
     for k, value in enumerate(one_process.get_weights()):
         np.testing.assert_allclose(whole[f"arr_{k}"], value, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(whole["loss"], history.history["loss"], rtol=1e-5)
+    # evaluate and predict across the workers: every row once, in order (5-row batches
+    # split 3 | 2 over the workers, the last one 2 | 0)
+    np.testing.assert_allclose(whole["evaluated"], one_process.evaluate(X_RESTART, Y_RESTART,
+                                                                        batch_size=5), rtol=1e-5)
+    np.testing.assert_allclose(whole["predicted"], one_process.predict(X_RESTART, batch_size=5),
+                               rtol=1e-5, atol=1e-6)
+    assert whole["predicted"].shape == (22, 3)
 
 
 def test_tensorboard_without_tensorboardx_names_the_extra(monkeypatch):

@@ -463,18 +463,36 @@ class Model(Layer):
 
     def predict(self, x, batch_size: int = 32, verbose: int = 0) -> np.ndarray:
         """The model's outputs (training=False) for every row of `x` (an array, or an
-        iterable of batches: x, or (x, y) whose y is ignored), in order."""
+        iterable of batches: x, or (x, y) whose y is ignored), in order.
+
+        Each batch is padded (its last row repeated) to a multiple of the replica count, so
+        every replica's shard has the same shape: the outputs are gathered across the
+        replicas (and workers, which must agree on the shapes they exchange), and the
+        padding's rows are dropped."""
         if self.distribute_strategy is None:
             self.distribute_strategy = get_strategy()
         if not isinstance(x, np.ndarray) and iter(x) is x:
             x = _Peekable(x)
         self._ensure_built(x, None)
         step = self._predict_function()
-        inputs = (b[0] if isinstance(b, tuple) else b for b in self._batches(x, None, batch_size))
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        if isinstance(x, np.ndarray):                        # arrays: one shape throughout
+            even = math.ceil(min(batch_size, _rows(x)) / replicas) * replicas
+        sizes = collections.deque()
+
+        def padded():
+            for batch in self._batches(x, None, batch_size):
+                batch = batch[0] if isinstance(batch, tuple) else batch
+                rows = _rows(_first_leaf(batch))
+                sizes.append(rows)
+                size = even if isinstance(x, np.ndarray) else math.ceil(rows / replicas) * replicas
+                yield _take(batch, np.minimum(np.arange(size), rows - 1)) if size != rows \
+                    else batch
+
         outputs = []
         with self.distribute_strategy.scope():
-            for batch in self.distribute_strategy.experimental_distribute_dataset(inputs):
-                outputs.append(np.asarray(step(batch)))
+            for batch in self.distribute_strategy.experimental_distribute_dataset(padded()):
+                outputs.append(np.asarray(step(batch))[:sizes.popleft()])
         return np.concatenate(outputs, axis=0)
 
     # ------------------------------------------------------------ weights

@@ -2,7 +2,8 @@
 batches of 8 (the last one partial) on MultiWorkerMirroredStrategy, with BackupAndRestore
 every 2 batches into argv[2]. With argv[3] == "kill", worker 1 SIGKILLs itself after batch
 1 of epoch 1 on the first attempt (GRAPHDIST_RESTART == "0"); the restarted job resumes
-from the backup. The chief writes the final weights and the history to argv[1]/final.npz,
+from the backup. The chief writes the final weights, the history, and evaluate's and
+predict's results (every worker calls them) to argv[1]/final.npz,
 to be compared with an uninterrupted run's (and, through compiled_model and fit, with the
 same fit in one process on 2 devices)."""
 
@@ -60,7 +61,10 @@ if __name__ == "__main__":
     model = compiled_model(strategy)
     history = fit(model, [gd.callbacks.BackupAndRestore(backup_dir, save_freq=2),
                           KillWorkerOne(strategy)])
+    evaluated = model.evaluate(X, Y, batch_size=5)        # every worker takes part
+    predicted = model.predict(X, batch_size=5)
     if strategy.is_chief:
         np.savez(os.path.join(out_dir, "final.npz"), *model.get_weights(),
                  attempt=int(os.environ.get("GRAPHDIST_RESTART", "-1")),
-                 first_epoch=history.epoch[0], loss=np.array(history.history["loss"]))
+                 first_epoch=history.epoch[0], loss=np.array(history.history["loss"]),
+                 evaluated=np.array(evaluated), predicted=predicted)
