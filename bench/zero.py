@@ -77,18 +77,30 @@ def planner_memory(stage: int) -> dict:
     return {k: int(v) for k, v in row.items()}
 
 
+def _current_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
 def _rss_child(stage: int) -> None:
-    """Run in a subprocess: a few steps at `stage`, print the peak RSS in bytes."""
+    """Run in a subprocess: the process's resident bytes after a few steps at `stage`, with
+    every kernel loaded (Numba's background loading alone adds ~200 MB at a time of its
+    own choosing, the same at every stage), and its peak."""
+    from graphdist.function import _kernels_loaded
+
     step, batch = make(stage)
+    step(*batch)
+    _kernels_loaded()
     for _ in range(3):
         step(*batch)
-    print(json.dumps({"maxrss_B": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    print(json.dumps({"rss_B": _current_rss(),
+                      "maxrss_B": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
-def peak_rss(stage: int) -> int:
+def peak_rss(stage: int) -> dict:
     out = subprocess.run([sys.executable, "-m", "bench.zero", "--rss-child", str(stage)],
                          capture_output=True, text=True, check=True).stdout
-    return int(json.loads(out.strip().splitlines()[-1])["maxrss_B"])
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def formula(stage: int, activations: int) -> int:
@@ -111,17 +123,18 @@ def main(argv=None) -> dict:
         total = sum(planned.values())
         memory[stage] = {**planned, "planner_total_B": total,
                          "formula_B": formula(stage, planned["peak activations"]),
-                         "peak_rss_B": peak_rss(stage)}
+                         **peak_rss(stage)}
     mib = 2**20
     for stage, m in memory.items():
         rows.append([stage, m["parameters"] / mib, m["gradients"] / mib,
                      m["optimizer slots"] / mib, m["peak activations"] / mib,
-                     m["planner_total_B"] / mib, m["formula_B"] / mib, m["peak_rss_B"] / mib])
+                     m["planner_total_B"] / mib, m["formula_B"] / mib, m["rss_B"] / mib,
+                     m["maxrss_B"] / mib])
     mem_text = table(f"MLP {'-'.join(map(str, SIZES))} Adam, {N} logical CPU devices: memory "
                      "per replica (MiB; planner = g.summary(); RSS: the whole process, all "
-                     f"{N} replicas)",
+                     f"{N} replicas, kernels and interpreter included, after 4 steps)",
                      ["stage", "params", "grads", "slots", "activations", "planner total",
-                      "formula", "process peak RSS"], rows)
+                      "formula", "process RSS", "peak RSS"], rows)
     steps = {f"stage {s}": make(s) for s in (0, 1, 2)}
     steps["micro-step (k=10^6)"] = make(0, accumulation=10**6)
     steps["compute alone"] = make(0, update=False)
