@@ -7,13 +7,17 @@ hangs: the collective timeout (gd.config.set_collective_timeout), and notices fr
 other workers. A worker that fails (in a step, between steps, at exit: the hooks of
 `install_failure_hooks`) sends every other worker a notice with its error
 (`Group.abort`), and a worker waiting in a collective raises gd.WorkerError naming that
-rank. At a timeout the waiting worker asks the others where they are (a notice each live
-one answers from its own wait) and names, from its small flight recorder and their
-answers, the collective and source line of every rank and which had arrived. A worker that
-failed leaves through MPI Abort rather than MPI_Finalize, which would wait for ever for a
-hung peer. Notices and `bcast_object` carry JSON (arrays as raw bytes), never pickles: a
-rank runs no code another sends. mpi4py is imported here only, when a multi-worker
-strategy is made.
+rank (and says it heard, so the failed one may leave). Under `graphdist launch` the
+launcher (device/launcher.py) also tells the others, by SIGUSR1, of a worker that could not
+say so itself (killed by a signal). At a timeout the waiting worker asks the others where
+they are (a notice each live one answers from its own wait) and names, from its small
+flight recorder and their answers, the collective of every rank, the line that called it
+and the line its node was traced at (`enter_program`), and which ranks had arrived. A
+compiled program's schedule check is posted as it starts and settled before its first
+collective (`_before_collective`). A worker that failed leaves through MPI Abort rather
+than MPI_Finalize, which would wait for ever for a hung peer. Notices and `bcast_object`
+carry JSON (arrays as raw bytes), never pickles: a rank runs no code another sends.
+mpi4py is imported here only, when a multi-worker strategy is made.
 """
 
 from __future__ import annotations
