@@ -27,7 +27,8 @@ from graphdist.ops.math import (
     where,
 )
 from graphdist.ops.sparse import IndexedSlices
-from graphdist.optimizers.optimizer import apply_eagerly, warn_missing_gradients
+from graphdist.optimizers.optimizer import (accumulation_scope, apply_eagerly,
+                                            warn_missing_gradients)
 from graphdist.variables import Variable, assign_synced_if
 
 
@@ -153,11 +154,18 @@ class LossScaleOptimizer:
             return self._apply_eagerly(pairs, all_reduce)
         inner = self.inner_optimizer
         if inner.gradient_accumulation_steps > 1:
-            # a micro-step only accumulates (no check, no collective); a non-finite one
-            # makes the window's sum non-finite, so the applying call skips that window
-            pairs = inner._accumulate(pairs)
-            if pairs is None:
-                return inner.iterations.read_value()
+            with accumulation_scope(inner):
+                # a micro-step only accumulates (no check, no collective); a non-finite one
+                # makes the window's sum non-finite, so the applying call skips that window
+                pairs = inner._accumulate(pairs)
+                if pairs is None:
+                    return inner.iterations.read_value()
+                return self._apply_reduced(pairs, all_reduce)
+        return self._apply_reduced(pairs, all_reduce)
+
+    def _apply_reduced(self, pairs, all_reduce: bool):
+        """Reduce, check every replica's gradients are finite, apply or skip, rescale."""
+        inner = self.inner_optimizer
         ctx = get_replica_context()
         n = ctx.num_replicas_in_sync if ctx is not None else 1
         reduced = inner._reduce(pairs, all_reduce)     # all-reduced, or sharded (ZeRO)

@@ -40,6 +40,7 @@ from graphdist.ops.math import add, divide, multiply, power, sqrt, subtract
 from graphdist.ops.sparse import IndexedSlices, densify, sum_duplicates
 from graphdist.optimizers.roles import with_role
 from graphdist.optimizers.schedules import LearningRateSchedule
+from graphdist.trace import name_scope
 from graphdist.variables import Variable
 
 
@@ -303,9 +304,11 @@ class Optimizer:
         if current_tracer() is None:
             return self._apply_eagerly(pairs, all_reduce)
         if self._accumulation_steps > 1:
-            pairs = self._accumulate(pairs)
-            if pairs is None:                      # a micro-step: nothing applied
-                return self.iterations.read_value()
+            with accumulation_scope(self):         # the graph says which program it is
+                pairs = self._accumulate(pairs)
+                if pairs is None:                  # a micro-step: nothing applied
+                    return self.iterations.read_value()
+                return self._update(self._reduce(pairs, all_reduce))
         return self._update(self._reduce(pairs, all_reduce))
 
     def _reduce(self, pairs, all_reduce: bool = True):
@@ -401,6 +404,17 @@ class Optimizer:
         accumulation = [self._accumulation_step] if self._accumulation_step is not None else []
         return [self.iterations, *self._hyper.values(), *slots, *accumulation,
                 *self._accumulators.values()]
+
+
+def accumulation_scope(opt):
+    """The name scope of an accumulating step's optimizer nodes: the printed graph, the
+    viewer and the profile show which of the two programs this is, and the all-reduce
+    under the condition that runs it."""
+    k = opt.gradient_accumulation_steps
+    if opt.switch_state():
+        return name_scope(f"gradient_accumulation/apply (call {k} of every {k})")
+    return name_scope(f"gradient_accumulation/accumulate (calls 1-{k - 1} of every {k}: "
+                      "no collective)")
 
 
 def require_loss_scaling(opt) -> None:

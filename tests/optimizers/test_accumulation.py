@@ -128,12 +128,17 @@ def test_micro_steps_communicate_nothing_and_the_applying_call_all_reduces_once(
     micro = step.profile(*_split(strategy, 2, *window[0]))
     assert collectives(micro) == []
     assert "all_reduce" not in str(step.replicated_graph)
+    assert "# gradient_accumulation/accumulate (calls 1-2 of every 3: no collective)" \
+        in str(step.graph)
     step(*_split(strategy, 2, *window[1]))
     applying = step.profile(*_split(strategy, 2, *window[2]))
     assert collectives(applying)
     assert int(opt.iterations.numpy()) == 1
     graph = str(step.graph)
     assert graph.count("all_reduce") == 1       # w and b in one bucket
+    # the all-reduce under its condition: in the applying program's scope
+    applying = graph.split("# gradient_accumulation/apply (call 3 of every 3)")[1]
+    assert "all_reduce" in applying.split("  #\n")[0]
     np.testing.assert_allclose(w.numpy(), _reference("sgd", [window])[0], rtol=2e-5,
                                atol=2e-6)
 
