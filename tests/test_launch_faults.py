@@ -129,6 +129,19 @@ def _graphdist_frame():
     return found[0]
 
 
+def test_the_launcher_reads_pmi_fields_and_names_exit_statuses():
+    from graphdist.device import launcher
+
+    assert launcher._fields("exitcode=3 message=application called MPI_Abort(comm, 3) "
+                            "- process 1") == {
+        "exitcode": "3", "message": "application called MPI_Abort(comm, 3) - process 1"}
+    assert launcher._fields("kvsname=kvs_1 key=P0-businesscard value=description#abc$") == {
+        "kvsname": "kvs_1", "key": "P0-businesscard", "value": "description#abc$"}
+    assert launcher.how_it_ended(-9) == "killed by SIGKILL"
+    assert launcher.how_it_ended(-15) == "killed by SIGTERM"
+    assert launcher.how_it_ended(3) == "exit 3"
+
+
 # ---------------------------------------------------------------- restarts
 @needs_mpi
 def test_launch_restarts_a_job_whose_worker_was_killed_and_it_ends_as_an_uninterrupted_run(

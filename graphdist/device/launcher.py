@@ -13,7 +13,8 @@ Being every worker's parent, it knows how each one ended: a worker killed by a s
 named by rank, pid and signal. The first failure (a non-zero exit, a signal, an MPI abort)
 ends the job: the others are told which worker failed and how (a line in the launch's
 status folder, then SIGUSR1, which graphdist/device/mpi.py turns into a WorkerError at
-their next collective wait), and whoever is left after a grace period is killed.
+their next collective wait, or at once where it finds the worker in the user's own code),
+and whoever is left after a grace period is killed.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Job:
         self.kvs_name = f"graphdist_{os.getpid()}_{os.urandom(4).hex()}"
         self.kvs = {"PMI_process_mapping": f"(vector,(0,1,{workers}))"}
         self.barrier = set()
-        self.failure = None           # the first worker that failed, and how
+        self.failure = None           # the first worker the launcher saw fail
         self.kill_at = None
         self.selector = selectors.DefaultSelector()
         self.workers = [self._start(rank, command, env) for rank in range(workers)]
