@@ -32,10 +32,13 @@ def _run(command, timeout=60, env=None):
     return done, time.perf_counter() - start
 
 
-def _reports(out_dir):
+def _reports(out_dir, done=None):
     reports = {}
     for rank in (0, 1):
-        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+        path = os.path.join(out_dir, f"rank{rank}.json")
+        assert os.path.exists(path), f"worker {rank} wrote no report\n" + (
+            done.stderr if done is not None else "")
+        with open(path) as f:
             reports[rank] = json.load(f)
     return reports
 
@@ -55,7 +58,7 @@ def _launcher_lines(stderr: str) -> dict:
 def test_a_failure_outside_a_step_is_named_on_the_other_worker_and_by_the_launcher(
         tmp_path, kind, says):
     done, _ = _run([*LAUNCH, FAULTS, str(tmp_path), kind])
-    reports = _reports(tmp_path)
+    reports = _reports(tmp_path, done)
     assert done.returncode != 0, done.stderr
     assert reports[0]["raised"] == "WorkerError", done.stderr
     assert "worker 1 failed" in reports[0]["message"] and says in reports[0]["message"]
@@ -69,7 +72,7 @@ def test_a_failure_outside_a_step_is_named_on_the_other_worker_and_by_the_launch
 @needs_mpi
 def test_under_mpiexec_too_the_other_worker_names_the_failure_and_the_job_exits(tmp_path):
     done, _ = _run([MPIEXEC, "-n", "2", sys.executable, FAULTS, str(tmp_path), "between"])
-    reports = _reports(tmp_path)
+    reports = _reports(tmp_path, done)
     assert done.returncode != 0
     assert reports[0]["raised"] == "WorkerError"
     assert "worker 1 failed" in reports[0]["message"]
@@ -88,7 +91,7 @@ def test_a_hung_worker_is_named_at_the_timeout_and_the_launch_exits(tmp_path, ch
                          env={**os.environ, "GRAPHDIST_SCHEDULE_CHECK": check})
     assert done.returncode != 0
     assert seconds < 3 + 15, seconds          # no hang in MPI_Finalize (about 5.5 s measured)
-    message = _reports(tmp_path)[0]["message"]
+    message = _reports(tmp_path, done)[0]["message"]
     assert f"worker 0: timed out after 3 s in {waiting_in}" in message
     assert "at faults.py:" in message and "step(x, y)" in message      # the user's line
     if check == "first":      # and the line the collective's node was traced at

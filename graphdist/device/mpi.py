@@ -109,17 +109,24 @@ def _caller_line() -> tuple | None:
     return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
 
 
+def _not_user_code() -> tuple:
+    """Where graphdist, the standard library and installed packages live (and '<frozen
+    ...>' modules): computed before any signal handler needs it, since an import inside
+    one can meet an import under way (importlib's own locks raised KeyError)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<",
+            paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"])
+
+
+_NOT_USER_CODE = _not_user_code()
+
+
 def _in_user_code(frame) -> bool:
     """Whether `frame` (where a signal interrupted the main thread) is the user's own
     code: not graphdist's, not the standard library's, not an installed package's."""
-    import sysconfig
-
-    if frame is None:
-        return False
-    paths = sysconfig.get_paths()
-    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return not frame.f_code.co_filename.startswith(
-        (ours, "<", paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]))
+    return frame is not None and not frame.f_code.co_filename.startswith(_NOT_USER_CODE)
 
 
 def _line_text(where) -> str:
