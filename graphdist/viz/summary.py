@@ -8,6 +8,7 @@ from collections import Counter
 
 from graphdist.ir import Graph, Var
 from graphdist.ops.collectives import all_reduce_p, broadcast_p
+from graphdist.ops.host_collectives import host_reduce_update_p
 from graphdist.viz.model import (collective_groups, collective_totals, human_bytes,
                                   human_count, read)
 
@@ -37,10 +38,19 @@ def peak_bytes(g: Graph) -> dict:
     return peak
 
 
-# the nodes whose outputs are reduced gradients: the logical collectives and their lowerings
-_REDUCING = ("all_reduce", "reduce_scatter", "host_all_reduce", "host_reduce_scatter",
-             "mpi_all_reduce", "mpi_reduce_scatter", "nccl_all_reduce", "nccl_reduce_scatter")
 MEMORY_ROWS = ("parameters", "gradients", "optimizer slots", "peak activations")
+
+
+def _reducing_ops() -> tuple:
+    """The ops whose outputs are reduced gradients: the logical collectives and their
+    lowerings (one process, MPI, NCCL)."""
+    from graphdist.ops.collectives import reduce_scatter_p
+    from graphdist.ops.device_collectives import nccl_all_reduce_p
+    from graphdist.ops.host_collectives import host_all_reduce_p, host_reduce_scatter_p
+    from graphdist.ops.mpi_collectives import mpi_all_reduce_p, mpi_reduce_scatter_p
+
+    return (all_reduce_p, reduce_scatter_p, host_all_reduce_p, host_reduce_scatter_p,
+            mpi_all_reduce_p, mpi_reduce_scatter_p, nccl_all_reduce_p)
 
 
 def memory_bytes(g: Graph) -> dict:
@@ -64,12 +74,12 @@ def memory_bytes(g: Graph) -> dict:
         if row is not None:
             add(var.device, row, var.ty.nbytes)
     buckets: set = set()
+    reducing = _reducing_ops()
     for eqn in g.eqns:
-        name = eqn.op.name
-        if name in _REDUCING:
+        if eqn.op in reducing:
             for v in eqn.outputs:
                 add(v.device if v.device is not None else eqn.device, "gradients", v.ty.nbytes)
-        elif name == "host_reduce_update":   # the buckets, reduced chunk by chunk; an update
+        elif eqn.op is host_reduce_update_p:  # the buckets, reduced chunk by chunk; an update
             for v in eqn.inputs[:dict(eqn.params).get("replicas", 0)]:   # cut in parts
                 if isinstance(v, Var) and v not in buckets:             # shares them
                     buckets.add(v)
