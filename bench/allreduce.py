@@ -169,13 +169,14 @@ def unpinned_env() -> dict:
 
 PAIR_STEP = "graphdist all_reduce, result kept in the step (r[:1])"
 PAIR_BARE = "mpi4py Allreduce(x, out), the same out each call"
-PAIR_COPY = "mpi4py copyto(out, x) + Allreduce(IN_PLACE, out) (graphdist's work before)"
+PAIR_COPY = "before: copyto(out, x), then the group's all-reduce in place (kept in the step)"
 PAIR_RETURNED = "graphdist all_reduce, result returned"
+PAIR_COPIES = "before: x copied, the group's all-reduce in place, copied out (returned)"
 PAIR_BARE_NEW = "mpi4py Allreduce(x, out), a new out each call"
 PAIR_POLLED = ("mpi4py Iallreduce(x, out) + Test() until done, the same out (how graphdist "
                "waits: it watches for failures meanwhile)")
 PAIR_AGAINST = {PAIR_STEP: PAIR_BARE, PAIR_COPY: PAIR_BARE, PAIR_RETURNED: PAIR_BARE_NEW,
-                PAIR_POLLED: PAIR_BARE}
+                PAIR_COPIES: PAIR_BARE_NEW, PAIR_POLLED: PAIR_BARE}
 
 
 def pair_rank(mib: int, repeat: int) -> None:
@@ -202,9 +203,16 @@ def pair_rank(mib: int, repeat: int) -> None:
     np.testing.assert_array_equal(first(returned(x)), want)
     np.testing.assert_array_equal(first(kept(x)), want[:1])
 
-    def copy_then_in_place():
+    group = strategy.cross_device_ops.group
+
+    def copy_then_in_place():          # what the step's out= form did before issue 29
         np.copyto(old, x)
-        comm.Allreduce(MPI.IN_PLACE, old)
+        group.allreduce(old)
+
+    def copies():                      # ... and its impl, for a returned result
+        acc = x.copy()
+        group.allreduce(acc)
+        return acc.copy()
 
     def bare_new():
         comm.Allreduce(x, np.empty_like(x))
@@ -216,7 +224,7 @@ def pair_rank(mib: int, repeat: int) -> None:
 
     fns = {PAIR_STEP: lambda: kept(x), PAIR_BARE: lambda: comm.Allreduce(x, out),
            PAIR_COPY: copy_then_in_place, PAIR_RETURNED: lambda: returned(x),
-           PAIR_BARE_NEW: bare_new, PAIR_POLLED: polled}
+           PAIR_BARE_NEW: bare_new, PAIR_POLLED: polled, PAIR_COPIES: copies}
     samples = {k: [] for k in fns}
     order = list(fns)
     shuffle = random.Random(29).shuffle
