@@ -316,13 +316,23 @@ class Optimizer:
         under a strategy with zero_stage > 0, this replica's reduce-scattered shards
         (a zero.ShardedGradients). Unreduced when `all_reduce` is False or on one replica."""
         ctx = get_replica_context()
+        sharded = [v for _, v in pairs if getattr(v._strategy, "zero_stage", 0)
+                   and v._strategy.num_replicas_in_sync > 1]
+        if sharded and (ctx is None or ctx.num_replicas_in_sync == 1):
+            raise ValueError(
+                f"{self.name}.apply_gradients: variable '{sharded[0].name}' belongs to a "
+                f"strategy with zero_stage={sharded[0]._strategy.zero_stage}, whose replicas "
+                "each update their shard of the optimizer state: call apply_gradients inside "
+                "strategy.run (not in cross-replica context, nor eagerly with numpy "
+                "gradients)")
+        if sharded:
+            from graphdist.optimizers import zero
+
+            bucket_bytes = getattr(ctx.strategy, "bucket_bytes", 25 * 2**20)
+            return zero.reduce_scatter_gradients(self, pairs, ctx, bucket_bytes, all_reduce)
         if not (all_reduce and ctx is not None and ctx.num_replicas_in_sync > 1):
             return pairs
         bucket_bytes = getattr(ctx.strategy, "bucket_bytes", 25 * 2**20)
-        if getattr(ctx.strategy, "zero_stage", 0):
-            from graphdist.optimizers import zero
-
-            return zero.reduce_scatter_gradients(self, pairs, ctx, bucket_bytes)
         reduced = all_reduce_gradients([g for g, _ in pairs], self.gradient_reduction,
                                        bucket_bytes, ctx.num_replicas_in_sync)
         return list(zip(reduced, (v for _, v in pairs)))

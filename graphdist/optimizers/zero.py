@@ -135,8 +135,11 @@ class ShardedSlot:
                 f"dtype={self.dtype} shards={self.n}x{self.length}>")
 
 
-def reduce_scatter_gradients(opt, pairs, ctx, bucket_bytes: int) -> "ShardedGradients":
-    """This replica's chunk of every reduced gradient: one reduce_scatter per bucket."""
+def reduce_scatter_gradients(opt, pairs, ctx, bucket_bytes: int,
+                             reduce: bool = True) -> "ShardedGradients":
+    """This replica's chunk of every reduced gradient: one reduce_scatter per bucket. With
+    `reduce=False` (apply_gradients(..., all_reduce=False): the gradients are already
+    reduced, the same on every replica) each replica just takes its chunk."""
     n = ctx.num_replicas_in_sync
     grads = [densify(g) for g, _ in pairs]
     variables = [v for _, v in pairs]
@@ -157,7 +160,10 @@ def reduce_scatter_gradients(opt, pairs, ctx, bucket_bytes: int) -> "ShardedGrad
             bucket = [members[k] for k in bucket]
             rows = [_padded_rows(grads[i], n, lengths[i]) for i in bucket]
             matrix = rows[0] if len(rows) == 1 else concat(rows, axis=1)
-            mine = reduce_scatter(reshape(matrix, (-1,)), opt.gradient_reduction, n)
+            if reduce:
+                mine = reduce_scatter(reshape(matrix, (-1,)), opt.gradient_reduction, n)
+            else:
+                mine = reshape(gather(matrix, reshape(replica_id(), (1,))), (-1,))
             parts = [mine] if len(bucket) == 1 else split(mine, [lengths[i] for i in bucket])
             for i, part in zip(bucket, parts):
                 shards[i] = part

@@ -279,3 +279,43 @@ def test_a_large_gradient_is_reduce_scattered_alone():
     assert ops == ["reduce_scatter", "reduce_scatter", "all_gather", "all_gather"]
     for w in ws:     # 0.5 - 0.1 * 2 * 0.5
         np.testing.assert_allclose(w.numpy(), np.full(w.shape, 0.4), rtol=1e-6)
+
+
+def test_already_reduced_gradients_take_their_chunk():
+    # all_reduce=False: the caller reduced them (here with the replica context's all-reduce)
+    def run(stage):
+        strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"], zero_stage=stage)
+        with strategy.scope():
+            w = gd.Variable(W0, name="w")
+            opt = gd.optimizers.Adam(0.05)
+
+        @gd.function
+        def step(x):
+            def replica_fn(x):
+                with gd.GradientTape() as tape:
+                    loss = gd.reduce_mean(gd.square(x @ w))
+                (g,) = tape.gradient(loss, [w])
+                g = gd.get_replica_context().all_reduce("mean", g)
+                opt.apply_gradients([(g, w)], all_reduce=False)
+            return strategy.run(replica_fn, args=(x,))
+
+        halves = np.array_split(DATA[0][0], 2)
+        for _ in range(2):
+            step(strategy.experimental_distribute_values_from_function(
+                lambda c: halves[c.replica_id_in_sync_group]))
+        return w.numpy(), step
+
+    (sharded, step), (base, _) = run(1), run(0)
+    np.testing.assert_array_equal(sharded, base)
+    assert "reduce_scatter" not in str(step.graph)
+
+
+def test_sharded_state_outside_a_replica_is_refused():
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"], zero_stage=1)
+    with strategy.scope():
+        w = gd.Variable(W0, name="w")
+        opt = gd.optimizers.SGD(0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="zero_stage=1.*inside strategy.run"):
+        opt.apply_gradients([(np.ones_like(W0), w)])
+    np.testing.assert_array_equal(w.numpy(), W0)         # nothing changed
+    assert int(opt.iterations.numpy()) == 0
