@@ -1,4 +1,4 @@
-"""A worker of tests/distribute/test_zero.py's multi-worker case: 2 devices per worker under
+"""A worker of tests/distribute/test_zero.py's multi-worker cases: 2 devices per worker under
 MultiWorkerMirroredStrategy(zero_stage=STAGE) with Adam accumulating 2 micro-batches, 4 calls
 on fixed global batches; writes the parameters, whole slots and counters as JSON to
 OUT/rank<R>.json, and a checkpoint (whole slots) to OUT/ckpt.npz.
