@@ -9,7 +9,7 @@ import inspect
 import sys
 
 BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update",
-              "embedding", "mirrored_mlp", "cnn", "layer_norm", "gpt", "gpu", "run_steps", "multi_worker",
+              "embedding", "mirrored_mlp", "cnn", "layer_norm", "gpt", "gpt2", "gpu", "run_steps", "multi_worker",
               "simulate", "zero"]
 
 

@@ -15,7 +15,7 @@ Side by side in one run:
 
 The peers (TF, PyTorch, JAX: bench/peers/) have no GPT-2-style script yet; bench/gpt.py
 runs them on the GPT. The run drops the environment's OpenBLAS pin (OPENBLAS_CORETYPE,
-OPENBLAS_L2_SIZE) by starting itself again without it, as on a user's machine, and says so.
+OPENBLAS_L2_SIZE) by running itself again without it, as on a user's machine, and says so.
 
     python -m bench.gpt2 [--repeat N]
 """
@@ -29,27 +29,31 @@ import sys
 import numpy as np
 
 import graphdist as gd
-from bench.common import interleaved, save, table
+from bench.common import ROOT, interleaved, save, table
 from bench.models import gpt2_data, make_gpt2_step, make_gpt_step
 
 OPENBLAS_PIN = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SHAPE = (2048, 512)
 
 
-def drop_openblas_pin(argv) -> None:
-    """Start this benchmark again without the environment's OpenBLAS pin (OpenBLAS reads
-    it when it loads, so it cannot be undone in this process)."""
+def unpinned_rerun(argv) -> bool:
+    """Run this benchmark again in a new process without the environment's OpenBLAS pin
+    (OpenBLAS reads it when it loads, so this process cannot drop it), saying so; False
+    when there is no pin to drop (then run here)."""
+    import subprocess
+
     from graphdist.device.threads import ENV_SET
 
     pinned = {k: os.environ[k] for k in OPENBLAS_PIN
               if k in os.environ and ENV_SET.get(k) != os.environ[k]}
     if not pinned:
-        return
+        return False
     print(f"bench.gpt2: running again without the environment's OpenBLAS pin "
           f"({', '.join(f'{k}={v}' for k, v in pinned.items())}), as on a user's machine",
           file=sys.stderr)
     env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_PIN}
-    os.execve(sys.executable, [sys.executable, "-m", "bench.gpt2", *argv], env)
+    subprocess.run([sys.executable, "-m", "bench.gpt2", *argv], env=env, cwd=ROOT, check=True)
+    return True
 
 
 def _reference_gelu_entries():
@@ -167,10 +171,11 @@ def step_part(repeat: int) -> tuple[dict, str]:
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    drop_openblas_pin(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15)
     args = ap.parse_args(argv)
+    if unpinned_rerun(argv):
+        return {}
     gelu, gelu_text = gelu_part(max(args.repeat, 20))
     steps, steps_text = step_part(args.repeat)
     save("gpt2", {"gelu": gelu, "results": steps, "table": gelu_text + "\n\n" + steps_text})
