@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphdist import program_switch
 from graphdist.distribute.context import get_replica_context
 from graphdist.ops.array import cast
 from graphdist.ops.core import current_tracer
@@ -153,6 +154,8 @@ class LossScaleOptimizer:
         if current_tracer() is None:
             return self._apply_eagerly(pairs, all_reduce)
         inner = self.inner_optimizer
+        program_switch.record(inner)      # the program depends on k and the window position
+        inner._applied_to.update(dict.fromkeys(v for _, v in pairs))
         if inner.gradient_accumulation_steps > 1:
             with accumulation_scope(inner):
                 # a micro-step only accumulates (no check, no collective); a non-finite one

@@ -28,7 +28,7 @@ import inspect
 
 import numpy as np
 
-from graphdist import config
+from graphdist import config, program_switch
 from graphdist.distribute.context import get_replica_context, get_strategy
 from graphdist.distribute.sparse import all_reduce_gradients
 from graphdist.ir.types import is_float
@@ -88,6 +88,7 @@ class Optimizer:
         self._eager_steps: dict = {}
         self._warned_no_gradient: set = set()     # ids of variables warned of a None grad
         self._accumulators: dict = {}   # variable -> its per-replica gradient accumulator
+        self._applied_to: dict = {}     # the variables updated so far (an ordered set)
         self._accumulation_step = None  # micro-steps taken in the current window (k > 1)
         self._accumulation_steps = 1
         self.gradient_accumulation_steps = gradient_accumulation_steps
@@ -111,6 +112,10 @@ class Optimizer:
                                                _devices=self.iterations.devices,
                                                _strategy=self.iterations._strategy)
         self._accumulation_steps = int(steps)
+        if steps > 1 and current_tracer() is None:
+            # a step traced already traces again; it may make no variables then
+            for var in self._applied_to:
+                self._accumulator(var)
 
     @property
     def accumulation_step(self):
@@ -118,10 +123,16 @@ class Optimizer:
         without accumulation)."""
         return self._accumulation_step
 
-    def switch_state(self) -> bool:
-        """The program switch's state: is the next apply_gradients the k-th of its window
-        (the applying call)? Read on the host before each call of a compiled step."""
-        return int(self._accumulation_step._host(0)) >= self._accumulation_steps - 1
+    def switch_state(self) -> tuple:
+        """The program switch's state, read on the host before each call of a compiled step:
+        (k, is the next apply_gradients the k-th of its window, the applying call?). k is
+        part of it, so that a step traced before `gradient_accumulation_steps` changed is
+        traced again."""
+        k = self._accumulation_steps
+        return k, k == 1 or int(self._accumulation_step._host(0)) >= k - 1
+
+    def _applying(self) -> bool:
+        return self.switch_state()[1]
 
     def _accumulator(self, var: Variable) -> Variable:
         """`var`'s gradient accumulator: one component per replica, each its own (sync on
@@ -147,13 +158,11 @@ class Optimizer:
         the first trace, since the applying program is traced later and a gd.function makes
         variables on its first trace only."""
         from graphdist.ops.array import zeros_like
-        from graphdist import program_switch
 
-        program_switch.record(self)
         for _, v in pairs:
             self._make_slots(v)
         counter = self._accumulation_step
-        if not self.switch_state():
+        if not self._applying():
             for g, v in pairs:
                 acc = self._accumulator(v)
                 acc.assign(add(acc.read_value(), densify(g)))
@@ -303,6 +312,8 @@ class Optimizer:
         warn_missing_gradients(self, grads_and_vars)
         if current_tracer() is None:
             return self._apply_eagerly(pairs, all_reduce)
+        program_switch.record(self)       # the program depends on k and the window position
+        self._applied_to.update(dict.fromkeys(v for _, v in pairs))
         if self._accumulation_steps > 1:
             with accumulation_scope(self):         # the graph says which program it is
                 pairs = self._accumulate(pairs)
@@ -421,7 +432,7 @@ def accumulation_scope(opt):
     viewer and the profile show which of the two programs this is, and the all-reduce
     under the condition that runs it."""
     k = opt.gradient_accumulation_steps
-    if opt.switch_state():
+    if opt._applying():
         return name_scope(f"gradient_accumulation/apply (call {k} of every {k})")
     return name_scope(f"gradient_accumulation/accumulate (calls 1-{k - 1} of every {k}: "
                       "no collective)")

@@ -275,3 +275,22 @@ def test_eager_apply_gradients_accumulates():
 def test_bad_accumulation_steps_are_refused(bad):
     with pytest.raises(ValueError, match="gradient_accumulation_steps must be an int"):
         gd.optimizers.Adam(gradient_accumulation_steps=bad)
+
+
+def test_changing_k_after_tracing_traces_again():
+    v = gd.Variable(np.zeros(2, np.float32), name="v")
+    opt = gd.optimizers.SGD(1.0)
+
+    @gd.function
+    def step(g):
+        return opt.apply_gradients([(g, v)])
+
+    one = np.ones(2, np.float32)
+    step(one)                                           # k = 1: applies
+    np.testing.assert_array_equal(v.numpy(), [-1.0, -1.0])
+    opt.gradient_accumulation_steps = 2
+    step(one)                                           # now a micro-step
+    np.testing.assert_array_equal(v.numpy(), [-1.0, -1.0])
+    step(3 * one)                                       # applies the mean, 2
+    np.testing.assert_array_equal(v.numpy(), [-3.0, -3.0])
+    assert int(opt.iterations.numpy()) == 2 and step.trace_count == 3
