@@ -98,8 +98,9 @@ def _erf32(x):
 
 @njit(cache=True, inline="always")
 def _exp_nonpositive32(t):
-    """exp(t) for t <= 0: a Taylor polynomial of exp(t / 16), squared four times (below
-    -18, where the density is under 1e-8 of its peak, the value of -18)."""
+    """exp(t) for t <= 0: a Taylor polynomial of exp(t / 16), squared four times; 0 below
+    -18, where the density is under 1e-8 of its peak (its value there, times a large x,
+    made gelu' of x = 1e30 come out as 6e21)."""
     u = max(t, np.float32(-18.0)) * np.float32(0.0625)
     p = _EXP_TAYLOR[0]
     for c in _EXP_TAYLOR[1:]:
@@ -107,7 +108,7 @@ def _exp_nonpositive32(t):
     p = p * p
     p = p * p
     p = p * p
-    return p * p
+    return p * p if t >= np.float32(-18.0) else np.float32(0.0)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")

@@ -80,6 +80,7 @@ def exp_nonpositive32(t):
     p = _horner(u, EXP_TAYLOR)
     for _ in range(4):
         p *= p
+    p[~(t >= np.float32(-18.0))] = 0     # NaN too, as the kernel's comparison
     return p
 
 

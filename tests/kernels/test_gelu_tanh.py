@@ -143,3 +143,15 @@ def test_the_op_runs_the_float32_kernel():
         lambda x, ct: gd.reduce_sum(ct * gd.nn.gelu(x, approximate=True))))
     _, grad = vjp(x, ct)
     np.testing.assert_array_equal(grad, _gelu_grad(kernel, ct, x))
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_the_exact_forms_slope_stays_right_far_out(form):
+    """The exact form's float32 gradient, x Phi'(x) + Phi(x): its Gaussian density is 0
+    below exp(-18), not exp(-18) (times x = 1e30 that gave 6e21 where gelu' is 1)."""
+    x = np.array([1e30, -1e30, 1e6, -1e6, 100.0, -100.0, 6.0, -6.0], np.float32)
+    slope = _gelu_grad(FORMS[form], np.ones_like(x), x, approximate=False)
+    x64 = x.astype(np.float64)
+    phi = np.exp(-0.5 * np.minimum(x64 * x64, 1e4)) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * np.vectorize(math.erfc)(-x64 / math.sqrt(2))
+    np.testing.assert_allclose(slope, cdf + x64 * phi, rtol=1e-6, atol=1.5e-6)
