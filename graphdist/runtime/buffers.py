@@ -178,8 +178,10 @@ class _Planner:
             return EqnForm("ufunc", **forms)
         if big and out_impl is not None:
             return EqnForm("out", **forms)
-        if listed and not more and not op.view:   # returned or small: its kernel all the
-            return EqnForm("out", **forms)         # same, into a fresh array
+        # a returned value of any size: its kernel all the same, into a fresh array (small
+        # values the program keeps run the impl: a kernel call costs ~8 us more on 8 floats)
+        if listed and not more and not op.view and out in self.returned:
+            return EqnForm("out", **forms)
         if more and (kernel is not None or out_impl is not None and not op.elementwise
                      and (listed or all(v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs))):
             return EqnForm("outs", **forms)
