@@ -11,13 +11,14 @@ import numpy as np
 
 from graphdist import eager
 from graphdist.errors import TraceError
-from graphdist.ir import Var
+from graphdist.ir import Graph, Var
 from graphdist.ir.types import is_float
-from graphdist.ops.array import ones_like
+from graphdist.ops import control_flow
+from graphdist.ops.array import ones_like, zeros_like
 from graphdist.ops.core import Symbolic, current_tracer
 from graphdist.ops.math import add
 from graphdist.ops.sparse import IndexedSlices, concat_slices, densify
-from graphdist.trace import Tensor
+from graphdist.trace import Tensor, Tracer, tracing
 
 
 def backward(tracer, eqns, seeds: dict) -> dict:
@@ -31,12 +32,43 @@ def backward(tracer, eqns, seeds: dict) -> dict:
             raise TraceError(f"op '{eqn.op}' has no vjp rule; see docs/adding_an_op.md")
         ins = [Tensor(v, tracer) for v in eqn.inputs]
         ct = out_cts[0] if eqn.op.num_outputs == 1 else tuple(out_cts)
-        in_cts = eqn.op.vjp(ct, *ins, **dict(eqn.params))
+        params = dict(eqn.params)
+        if getattr(eqn.op.vjp, "takes_outputs", False):     # control flow's rules
+            params.update(outputs=[tracer.wrap(v) for v in eqn.outputs], source=eqn.source)
+        in_cts = eqn.op.vjp(ct, *ins, **params)
         for v, c in zip(eqn.inputs, in_cts):
             if c is None or not isinstance(v, Var) or not is_float(v.ty.dtype):
                 continue
             cts[v] = c if v not in cts else accumulate(cts[v], c)
     return cts
+
+
+def body_vjp(body: Graph, out_mask, in_mask) -> Graph:
+    """The reverse mode of a branch or loop body (ops/control_flow.py): a graph taking
+    (*body's inputs, *a cotangent per output where out_mask) and giving a cotangent per
+    input where in_mask (zeros where none reaches it). It recomputes the body's forward
+    values; the passes drop those its backward does not read."""
+    tracer = Tracer()
+    tracer.eqns = list(body.eqns)
+    ct_vars = [Var(v.ty, "ct") for v, m in zip(body.outputs, out_mask) if m]
+    tracer.arg_vars = [*body.inputs, *ct_vars]
+    with tracing(tracer):
+        seeds: dict = {}
+        for v, ct in zip([v for v, m in zip(body.outputs, out_mask) if m], ct_vars):
+            if isinstance(v, Var):
+                seeds[v] = Tensor(ct, tracer) if v not in seeds else add(seeds[v],
+                                                                        Tensor(ct, tracer))
+        cts = backward(tracer, list(body.eqns), seeds)
+        results = []
+        for v, m in zip(body.inputs, in_mask):
+            if m:
+                ct = densify(cts.get(v))
+                results.append(tracer.lift(ct if ct is not None else zeros_like(
+                    Tensor(v, tracer))))
+    return Graph(tuple(tracer.arg_vars), tuple(tracer.eqns), tuple(results))
+
+
+control_flow.register_body_vjp(body_vjp)
 
 
 def accumulate(a, b):

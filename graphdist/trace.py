@@ -4,6 +4,7 @@ signature cache that traces and compiles) is graphdist/function.py."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import numpy as np
 
@@ -11,6 +12,7 @@ from graphdist.errors import TraceError, user_frame_text
 from graphdist.ir import ArrayType, Eqn, Graph, Lit, Var, as_dtype
 from graphdist.ops import state
 from graphdist.ops.array import Const, constant_p
+from graphdist.ops.collectives import replica_id_p
 from graphdist.ops.core import Symbolic, bind, current_tracer, pop_tracer, push_tracer
 from graphdist.ops.operators import Operators
 from graphdist.ops.sparse import IndexedSlices, densify
@@ -174,6 +176,174 @@ class Tracer:
         """StateRef -> Variable for every variable this trace touched: how the compiled
         function finds the storage behind the graph's references."""
         return {v.ref: v for v in self.state_in}
+
+    # ------------------------------------------------------------ control flow
+    def set_state(self, variable, var: Var) -> None:
+        """`var` is the variable's value from now on (a branch or loop assigned it)."""
+        self.state_of(variable)
+        self.state_now[variable] = var
+
+    def trace_body(self, fn, in_types, what: str, hints=None) -> TracedBody:
+        """Trace `fn(*tensors)` (tensors of `in_types`; it returns a flat list) into a
+        sub-graph of this trace: a branch or loop body (ops/control_flow.py)."""
+        body = BodyTracer(self, what)
+        with tracing(body):
+            args = [body.new_arg(ty, h) for ty, h in zip(in_types, hints or [None] * len(
+                in_types))]
+            results = [body.lift(r) for r in fn(*args)]
+        return body.finish(results)
+
+    def wrap(self, v):
+        """A Var of this trace as a gd.Tensor (a Lit stays a Lit: ops take it as is)."""
+        return Tensor(v, self) if isinstance(v, Var) else v
+
+    def call_graph(self, g: Graph, args) -> list:
+        """`g` applied to `args` (tensors or arrays), inlined here; its results as tensors."""
+        return [self.wrap(v) for v in self.inline(g, [self.lift(a) for a in args])]
+
+    def inline(self, g: Graph, ins) -> list:
+        """Emit `g`'s eqns here on `ins` (Vars or Lits, one per input); its outputs' Vars."""
+        env = dict(zip(g.inputs, ins))
+        for eqn in g.eqns:
+            outs = tuple(Var(v.ty, v.hint) for v in eqn.outputs)
+            env.update(zip(eqn.outputs, outs))
+            self.eqns.append(replace(eqn, inputs=tuple(env.get(v, v) if isinstance(v, Var)
+                                                       else v for v in eqn.inputs),
+                                     outputs=outs))
+        return [env.get(v, v) if isinstance(v, Var) else v for v in g.outputs]
+
+    def per_replica(self, var) -> bool:
+        """Whether `var` may differ between replicas under this trace's strategy: computed
+        from the call's (per-replica) arguments, a sync-on-read variable's components or
+        the replica's id, and not all-reduced since. Mirrored variables, constants and
+        Python values are the same on every replica."""
+        varying = self.varying_inputs()
+        for eqn in self.eqns:
+            if eqn.op.collective:
+                continue
+            ref = dict(eqn.params).get("var")
+            if (getattr(ref, "on_read", False) or eqn.op is replica_id_p
+                    or any(isinstance(v, Var) and v in varying for v in eqn.inputs)):
+                varying.update(eqn.outputs)
+        return isinstance(var, Var) and var in varying
+
+    def varying_inputs(self) -> set:
+        return set(self.arg_vars)
+
+
+class TracedBody:
+    """A traced branch or loop body: `graph` takes (*args, *captured inputs) and gives
+    (*results, *the new value of each variable in `assigned`); `captured` lists the
+    enclosing trace's Vars its captured inputs stand for, `entry` the captured Var that is
+    each variable's value on entry (its read in the enclosing trace)."""
+
+    def __init__(self, graph: Graph, captured: list, assigned: list, entry: dict,
+                 num_args: int, source: str):
+        self.graph = graph
+        self.captured = captured
+        self.assigned = assigned
+        self.entry = entry
+        self.num_args = num_args
+        self.source = source
+
+    def aligned(self, slots: list, assigned: list, entries: dict) -> Graph:
+        """This body as a graph with inputs (*args, *one per enclosing Var in `slots`) and
+        outputs (*results, *one per variable in `assigned`: its new value here, else its
+        value on entry, `entries[variable]`, which must be in `slots`). A loop puts the
+        entries of the variables it assigns first among its slots: they are carried."""
+        g = self.graph
+        inner = dict(zip(self.captured, g.inputs[self.num_args:]))
+        inputs = list(g.inputs[: self.num_args])
+        for outer in slots:
+            inputs.append(inner.get(outer) or Var(outer.ty, outer.hint))
+        by_outer = dict(zip(slots, inputs[self.num_args:]))
+        results = list(g.outputs[: len(g.outputs) - len(self.assigned)])
+        new_values = dict(zip(self.assigned, g.outputs[len(results):]))
+        for variable in assigned:
+            results.append(new_values.get(variable, by_outer[entries[variable]]))
+        return Graph(tuple(inputs), g.eqns, tuple(results))
+
+
+class BodyTracer(Tracer):
+    """Traces a branch or loop body into its own graph, inside an enclosing trace. A tensor
+    of an enclosing trace becomes an input (a closure capture); a variable read captures
+    the enclosing trace's read; an assignment gives the variable a new value in the body,
+    which the control-flow op threads out (so it happens only when the body runs)."""
+
+    def __init__(self, parent: Tracer, what: str):
+        super().__init__()
+        self.parent = parent
+        self.what = what
+        self.strategy = parent.strategy
+        self.captures: dict = {}      # enclosing Var -> its input Var here
+        self.entry: dict = {}         # Variable -> enclosing Var of its value on entry
+        self.assigned: dict = {}      # Variable -> its value now (an assign_var output)
+        self.refuse_variables = (f"inside {what}; create variables outside control flow "
+                                 "(on the first call, outside the branch or loop)")
+
+    def encloses(self, tracer) -> bool:
+        t = self.parent
+        while t is not None:
+            if t is tracer:
+                return True
+            t = getattr(t, "parent", None)
+        return False
+
+    def lift(self, x):
+        if isinstance(x, Tensor) and x.tracer is not self and self.encloses(x.tracer):
+            return self.capture(self.parent.lift(x))
+        return super().lift(x)
+
+    def capture(self, outer: Var) -> Var:
+        inner = self.captures.get(outer)
+        if inner is None:
+            inner = Var(outer.ty, outer.hint)
+            self.captures[outer] = inner
+        return inner
+
+    def entry_value(self, variable) -> Var:
+        outer = self.entry.get(variable)
+        if outer is None:
+            outer = self.parent.read(variable).var
+            self.entry[variable] = outer
+        return self.capture(outer)
+
+    def read(self, variable) -> Tensor:
+        now = self.assigned.get(variable)
+        v = now if now is not None else self.entry_value(variable)
+        self.read_owner.setdefault(v, variable)
+        return Tensor(v, self)
+
+    def assign(self, variable, value):
+        from graphdist.ops.array import broadcast_to, cast
+
+        value = self.lift(value)
+        if isinstance(value, Lit):
+            value = self.lift(broadcast_to(cast(Tensor(value, self), variable.dtype),
+                                           variable.shape))
+        old = self.assigned.get(variable) or self.entry_value(variable)
+        (new,) = self.emit_vars(state.assign_p, (old, value), {"var": variable.ref})
+        self.assigned[variable] = new
+        return variable
+
+    def varying_inputs(self) -> set:
+        """A body's arguments may vary (conservatively); a capture varies as what it
+        captures does."""
+        return set(self.arg_vars) | {inner for outer, inner in self.captures.items()
+                                     if self.parent.per_replica(outer)}
+
+    def set_state(self, variable, var: Var) -> None:
+        self.entry_value(variable)
+        self.assigned[variable] = var
+
+    def finish(self, results: list) -> TracedBody:
+        variables = list(self.assigned)
+        captured = list(self.captures)
+        g = Graph(inputs=tuple(self.arg_vars) + tuple(self.captures[v] for v in captured),
+                  eqns=tuple(self.eqns),
+                  outputs=tuple(results) + tuple(self.assigned[v] for v in variables))
+        return TracedBody(g, captured, variables, dict(self.entry), len(self.arg_vars),
+                          self.what)
 
 
 @contextlib.contextmanager

@@ -55,6 +55,8 @@ class Namer:
 
 
 def param_text(value) -> str:
+    if isinstance(value, Graph):          # a body: printed indented under its eqn
+        return f"{{{len(value.eqns)} eqns}}"
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, tuple):
@@ -69,6 +71,32 @@ def param_text(value) -> str:
 
 def _binder(namer: Namer, v: Var) -> str:
     return f"{namer(v)}:{v.ty}"
+
+
+def _named_bodies(eqn: Eqn) -> list:
+    """(name, graph) of each sub-graph an eqn holds: `body`, `branches[0]`..."""
+    out = []
+    for key, value in eqn.params:
+        if isinstance(value, Graph):
+            out.append((key, value))
+        elif isinstance(value, tuple) and value and all(isinstance(x, Graph) for x in value):
+            out += [(f"{key}[{k}]", g) for k, g in enumerate(value)]
+    return out
+
+
+def body_lines(eqn: Eqn, namer: Namer, indent: str = "    ") -> list:
+    """The sub-graphs of a control-flow eqn (cond, while, scan) as indented text: each
+    `name(inputs) {`, its eqns (nested bodies further in), `return ...`, `}`."""
+    lines = []
+    for name, g in _named_bodies(eqn):
+        ins = ", ".join(_binder(namer, v) for v in g.inputs)
+        lines.append(f"{indent}{name}({ins}) {{")
+        for e in g.eqns:
+            lines.append(f"{indent}  {eqn_text(e, namer)}")
+            lines += body_lines(e, namer, indent + "    ")
+        lines.append(f"{indent}  return {' '.join(namer(v) for v in g.outputs)}".rstrip())
+        lines.append(f"{indent}}}")
+    return lines
 
 
 def eqn_text(eqn: Eqn, namer: Namer | None = None, device: bool = True) -> str:
@@ -140,6 +168,7 @@ def graph_text(g: Graph, max_eqns: int | None = 400, fold: bool = True) -> str:
                 scope = eqn.scope
                 body.append(f"  # {scope}" if scope else "  #")
             body.append("  " + eqn_text(eqn, namer))
+            body += body_lines(eqn, namer)
     else:
         first_run: list[str] | None = None
         for (device, collective), run in _runs(g.eqns):
@@ -165,6 +194,7 @@ def graph_text(g: Graph, max_eqns: int | None = 400, fold: bool = True) -> str:
                     scope = e.scope
                     body.append(f"  # {scope}" if scope else "  #")
                 body.append("  " + t)
+                body += body_lines(e, namer)
     if max_eqns is not None and len(body) > max_eqns:
         hidden = len(body) - max_eqns
         body = body[: max_eqns // 2] + [

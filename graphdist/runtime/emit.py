@@ -18,7 +18,7 @@ from graphdist.device.backends import Backend, backend_for
 from graphdist.device.host import HOST_KERNELS
 from graphdist.ir import Graph, Lit, Var
 from graphdist.ir.types import is_float
-from graphdist.runtime import kernel_table, numerics, warmup
+from graphdist.runtime import control_flow, kernel_table, numerics, warmup
 from graphdist.runtime.buffers import Buffer, BufferPlan, Place
 from graphdist.runtime.program import Program, compile_program
 from graphdist.runtime.streams import StreamOrder
@@ -134,6 +134,9 @@ class Emitter:
             self.lower_packed_concat(eqn)
             return
         if op.view and self.static_view(eqn, backend, params):
+            return
+        if control_flow.lowers(op):       # cond / while / scan: their bodies' programs
+            control_flow.lower_eqn(self, eqn, backend)
             return
         args = ", ".join(self.ref(v) for v in eqn.inputs)
         if form.kind == "inplace":
