@@ -4,7 +4,10 @@ tanh(x)...) with the forward pass's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from graphdist.ir import Graph, Lit
+from graphdist.ir.bodies import map_bodies
 from graphdist.ops.state import assign_p
 from graphdist.passes.core import substitute
 
@@ -19,7 +22,12 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
     mapping: dict = {}
     seen: dict = {}
     kept = []
+    memo: dict = {}
+    changed = False
     for eqn in g.eqns:
+        new = map_bodies(eqn, eliminate_common_subexpressions, memo)   # inside bodies
+        changed = changed or new is not eqn
+        eqn = new
         if eqn.op is assign_p:
             kept.append(eqn)
             continue
@@ -36,5 +44,5 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
         else:
             mapping.update(zip(eqn.outputs, first.outputs))
     if not mapping:
-        return g
+        return replace(g, eqns=tuple(kept)) if changed else g
     return substitute(g, kept, mapping)

@@ -11,6 +11,7 @@ import numpy as np
 from graphdist.ir import ArrayType, Graph, Lit, Var, evaluate
 from graphdist.ops import array
 from graphdist.ops.array import Const
+from graphdist.ir.bodies import map_bodies
 from graphdist.passes.core import substitute
 
 FOLD_MAX_ELEMENTS = 1024
@@ -42,7 +43,11 @@ def simplify(g: Graph) -> Graph:
             return np.asarray(v.value, dtype=v.ty.dtype)
         return consts.get(mapping.get(v, v))
 
+    memo: dict = {}
     for eqn in g.eqns:
+        new = map_bodies(eqn, simplify, memo)            # branch and loop bodies too
+        changed = changed or new is not eqn
+        eqn = new
         op = eqn.op
         foldable = (op.foldable
                     and all(t.size <= FOLD_MAX_ELEMENTS for t in (v.ty for v in eqn.outputs)))
