@@ -308,18 +308,23 @@ def _simulate(args) -> int:
 
     from graphdist.simulate import format_table, simulate
 
+    if args.preset == "list":
+        from graphdist.simulate.presets import describe
+
+        print(describe())
+        return 0
     if args.memory or args.params is not None:
         return _simulate_memory(args)
     if args.target is None:
-        print("graphdist simulate: give MODULE:BUILDER (or --memory --params N)",
-              file=sys.stderr)
+        print("graphdist simulate: give MODULE:BUILDER (or --memory --params N, or --preset "
+              "list)", file=sys.stderr)
         return 2
     try:
         counts = [int(n) for n in args.devices.split(",") if n.strip()]
         rows = simulate(_load(args.target), counts, link=args.link,
                         cross_device_ops=args.cross_device_ops, calibration=args.calibration,
                         recalibrate=args.calibrate, shared_host=args.shared_host,
-                        scaling=args.scaling)
+                        scaling=args.scaling, preset=args.preset, overlap=not args.no_overlap)
     except ValueError as e:
         print(f"graphdist simulate: {e}", file=sys.stderr)
         return 2
@@ -487,6 +492,13 @@ def main(argv=None) -> int:
                                "global batch, split among the devices")
     simulate.add_argument("--shared-host", action="store_true",
                           help="devices are logical devices of this host (run one by one)")
+    simulate.add_argument("--preset", default=None, metavar="NAME",
+                          help="price the step on a described GPU cluster (roofline per op, "
+                               "hierarchical all-reduce) instead of this machine; --preset "
+                               "list names them")
+    simulate.add_argument("--no-overlap", action="store_true",
+                          help="model every all-reduce after the compute before it (default: "
+                               "each bucket's from its last gradient, beside the backward)")
     simulate.add_argument("--json", action="store_true")
     simulate.add_argument("--memory", action="store_true",
                           help="per-replica bytes of parameters, gradients, optimizer slots "

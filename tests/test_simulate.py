@@ -339,7 +339,8 @@ ASSUMED = {"lowering", "lowering_from", "link_latency_s", "link_bandwidth_Bps", 
 def test_rows_say_the_default_link_and_the_lowering_they_assumed(builder, cal_path, capsys):
     rows = gd.simulate(builder.build, [1, 64], calibration=cal_path, measure=False)
     for r in rows:
-        assert set(r) == {"devices", "step_s", "compute_s", "comm_s", "efficiency"} | ASSUMED
+        assert set(r) == {"devices", "step_s", "compute_s", "comm_s", "efficiency",
+                          "exposed_comm_s", "overlap"} | ASSUMED
         assert (r["link_latency_s"], r["link_bandwidth_Bps"]) == (5e-6, 25e9)
         assert r["link_from"] == "default"
         # logical CPU devices all-reduce with the host's fused pass: priced as a ring
@@ -362,7 +363,8 @@ def test_table_says_a_given_link_and_lowering(builder, cal_path, capsys):
                  "--cross-device-ops", "hierarchical"]) == 0
     head = capsys.readouterr().out.splitlines()[0]
     assert head == ("link: latency 2 us, bandwidth 10 GB/s (given); "
-                    "lowering: hierarchical, sqrt(n) groups (given)")
+                    "lowering: hierarchical, sqrt(n) groups (given); overlap: on (each "
+                    "bucket's all-reduce from its last gradient)")
     [row] = gd.simulate(builder.build, [16], "latency=1ms,bandwidth=800Mb/s",
                         gd.HierarchicalCopyAllReduce(num_groups=4), calibration=cal_path,
                         measure=False)
@@ -371,7 +373,8 @@ def test_table_says_a_given_link_and_lowering(builder, cal_path, capsys):
     assert row["lowering_from"] == "given: HierarchicalCopyAllReduce"
     assert format_table([row]).splitlines()[0] == (
         "link: latency 1 ms, bandwidth 100 MB/s (given); "
-        "lowering: hierarchical, 4 groups (given: HierarchicalCopyAllReduce)")
+        "lowering: hierarchical, 4 groups (given: HierarchicalCopyAllReduce); overlap: on "
+        "(each bucket's all-reduce from its last gradient)")
 
 
 def test_rows_say_a_calibrated_link(builder, cal_path):

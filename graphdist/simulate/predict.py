@@ -7,8 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphdist.ir import Var
+from graphdist.ops.array import concat_p, reshape_p
+from graphdist.ops.conv import conv2d_backprop_filter_p, conv2d_backprop_input_p, conv2d_p
 from graphdist.passes.collectives import LOWERINGS, Pricing
 from graphdist.simulate.calibration import best_time, host_link, load_calibration
+from graphdist.simulate import presets
 from graphdist.simulate.costs import eqn_seconds
 from graphdist.simulate.link import DEFAULT_LINK, Link, parse_link
 
@@ -38,6 +41,52 @@ def _step_time(items, serial: bool) -> float:
         for v in eqn.outputs:
             ready[v] = start + t
     return max(clock, wire)
+
+
+# what distribute/buckets.py adds between the gradients and a bucket's all-reduce
+PACKING_OPS = (reshape_p, concat_p)
+
+
+def overlap_order(eqns) -> list:
+    """The eqns in the order an overlapping executor runs them: every collective, and the
+    packing that only feeds collectives (a bucket's reshapes and concatenation,
+    PACKING_OPS), as soon as its inputs exist; the compute in program order. The buckets
+    are the graph's own (distribute/buckets.py packs the gradients, in their order), so a
+    bucket's all-reduce starts once its last gradient exists, while the backward pass of
+    earlier layers goes on, and the link takes the buckets in the order they become ready
+    (DDP issues its reverse-forward buckets the same way)."""
+    import heapq
+
+    eqns = list(eqns)
+    consumers: dict = {}
+    for e in eqns:
+        for v in e.inputs:
+            if isinstance(v, Var):
+                consumers.setdefault(v, []).append(e)
+    early: set = set()         # collectives, and packing whose outputs only feed early ones
+    for e in reversed(eqns):
+        users = [u for v in e.outputs for u in consumers.get(v, ())]
+        if e.op.collective or (e.op in PACKING_OPS and users
+                               and all(id(u) in early for u in users)):
+            early.add(id(e))
+    producer = {v: i for i, e in enumerate(eqns) for v in e.outputs}
+    waiting = [len({producer[v] for v in e.inputs if isinstance(v, Var) and v in producer})
+               for e in eqns]
+    after: dict = {}
+    for i, e in enumerate(eqns):
+        for j in {producer[v] for v in e.inputs if isinstance(v, Var) and v in producer}:
+            after.setdefault(j, []).append(i)
+    ready = [(id(e) not in early, i) for i, e in enumerate(eqns) if not waiting[i]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(eqns[i])
+        for k in after.get(i, ()):
+            waiting[k] -= 1
+            if not waiting[k]:
+                heapq.heappush(ready, (id(eqns[k]) not in early, k))
+    return order
 
 
 @dataclass(frozen=True)
@@ -199,17 +248,30 @@ def _resolve(cross_device_ops, f2, link, cal: dict, shared_host: bool, num_group
                   link_from, lowering_from)
 
 
-def _row(n: int, g, model: dict, costs: _Costs) -> dict:
+def _row(n: int, g, model: dict, costs: _Costs, overlap: bool = True) -> dict:
     """One device count's prediction on logical graph g (`model`: compute eqn -> seconds)."""
     lowering = costs.model
     replicas_here = n if costs.shared_host else (
         min(n, costs.devices_per_worker) if lowering.crosses_processes else 1)
+    serial = costs.shared_host or lowering.runs_inline or not overlap
+    return _scheduled(n, g, model, lambda e: _collective_seconds(e, n, costs), serial,
+                      replicas_here, {**costs.assumed(), "overlap": not serial})
+
+
+def _scheduled(n: int, g, model: dict, collective, serial: bool, replicas_here: int = 1,
+               assumed: dict | None = None) -> dict:
+    """The row of one device count: compute eqns priced by `model` (x the replicas that
+    run one after another here), collectives by `collective(eqn)`, scheduled in the
+    executor's overlapping order (overlap_order) unless `serial`; `exposed_comm_s` is the
+    collective time the compute does not hide."""
+    eqns = g.eqns if serial else overlap_order(g.eqns)
     items = [(e, model[e] * replicas_here, False) if e in model else
-             (e, _collective_seconds(e, n, costs), True) for e in g.eqns]
-    step = _step_time(items, costs.shared_host or lowering.runs_inline)
-    return {"devices": n, "step_s": step,
-            "compute_s": sum(t for _, t, c in items if not c),
-            "comm_s": sum(t for _, t, c in items if c), **costs.assumed()}
+             (e, collective(e), True) for e in eqns]
+    step = _step_time(items, serial)
+    compute = sum(t for _, t, c in items if not c)
+    return {"devices": n, "step_s": step, "compute_s": compute,
+            "comm_s": sum(t for _, t, c in items if c),
+            "exposed_comm_s": max(step - compute, 0.0), **(assumed or {})}
 
 
 def _seconds_text(seconds: float) -> str:
@@ -228,13 +290,19 @@ def _rate_text(per_second: float) -> str:
 
 def assumptions(row: dict) -> str:
     """The line saying what a row of simulate() assumed: the link and the lowering, and
-    where each came from (default, given, calibrated, the builder's step)."""
+    where each came from (default, given, calibrated, the builder's step); for a preset,
+    the cluster (simulate/presets.py)."""
+    overlap = ("overlap: on (each bucket's all-reduce from its last gradient)"
+               if row.get("overlap") else "overlap: off")
+    if "preset" in row:
+        return (f"preset: {presets.PRESETS[row['preset']].line(0)}; roofline per op; "
+                f"{overlap}")
     lowering = row["lowering"]
     if "num_groups" in row:
         lowering += f", {row['num_groups']} groups"
     return (f"link: latency {_seconds_text(row['link_latency_s'])}, bandwidth "
             f"{_rate_text(row['link_bandwidth_Bps'])} ({row['link_from']}); "
-            f"lowering: {lowering} ({row['lowering_from']})")
+            f"lowering: {lowering} ({row['lowering_from']}); {overlap}")
 
 
 def format_table(rows: list[dict]) -> str:
@@ -252,7 +320,7 @@ def simulate(builder, devices, link=None, cross_device_ops=None, *, scaling: str
              calibration=None, recalibrate: bool = False, measure: bool = True,
              shared_host: bool = False, num_groups: int | None = None,
              devices_per_worker: int = 1, repeat: int = 5, min_seconds: float = 1.0,
-             compute_s: float | None = None) -> list[dict]:
+             compute_s: float | None = None, preset=None, overlap: bool = True) -> list[dict]:
     """Predict the builder's step on each device count; one dict per count with keys
     `devices`, `step_s`, `compute_s`, `comm_s`, `efficiency`, and what it assumed:
     `lowering` (with `num_groups` for hierarchical), `link_latency_s`, `link_bandwidth_Bps`,
@@ -275,6 +343,15 @@ def simulate(builder, devices, link=None, cross_device_ops=None, *, scaling: str
     host (replicas and copies run one after another). `devices_per_worker` (mpi): local
     replicas per worker process, which run one after another and sum before MPI.
 
+    `preset`: a cluster of simulate/presets.py (a name or a Cluster; "host" or None: this
+    machine, calibrated): every compute eqn priced by the GPU's roofline, every collective
+    by the cluster's hierarchical all-reduce; nothing is measured or calibrated, and
+    `link`, `cross_device_ops`, `shared_host` do not apply. `overlap` (default True): each
+    bucket's all-reduce starts once its last gradient exists and runs beside the compute
+    that follows (`overlap_order`); False: every collective waits for the compute before
+    it, and the compute for it. Logical devices of one host (`shared_host`) and inline
+    lowerings (mpi) never overlap. Every row has `overlap` and `exposed_comm_s`.
+
         >>> gd.simulate(build, [1, 8, 1024], link="latency=5us,bandwidth=25GB/s")
         ... # doctest: +SKIP
     """
@@ -283,7 +360,7 @@ def simulate(builder, devices, link=None, cross_device_ops=None, *, scaling: str
         raise ValueError(f"simulate: device counts must be integers >= 1, got {devices}")
     if scaling not in ("weak", "strong"):
         raise ValueError(f"simulate: scaling must be 'weak' or 'strong', got {scaling!r}")
-    cal = load_calibration(calibration, recalibrate)
+    cluster = presets.preset(preset) if isinstance(preset, str) else preset
     f1, args1 = builder(1)
     g1 = f1.get_graph(*args1)
     f2, args2 = builder(2)
@@ -301,6 +378,9 @@ def simulate(builder, devices, link=None, cross_device_ops=None, *, scaling: str
                              "batch = per-replica batch * n), or pass scaling='strong' "
                              "(--scaling strong) for a fixed global batch")
         graph_of = dict.fromkeys({1, *devices}, g2)
+    if cluster is not None:
+        return _on_cluster(cluster, devices, graph_of, scaling, overlap)
+    cal = load_calibration(calibration, recalibrate)
     costs = _resolve(cross_device_ops, f2, link, cal, shared_host, num_groups,
                      devices_per_worker)
     scale = 1.0
@@ -314,9 +394,78 @@ def simulate(builder, devices, link=None, cross_device_ops=None, *, scaling: str
         scale = measured / max(one, 1e-12)
     models = {id(g): {e: eqn_seconds(e, cal) * scale for e in g.eqns if not e.op.collective}
               for g in graph_of.values()}
-    out = [_row(n, graph_of[n], models[id(graph_of[n])], costs) for n in devices]
-    base = sum(models[id(graph_of[1])].values())        # T1: one device, no collectives
-    for row in out:
+    out = [_row(n, graph_of[n], models[id(graph_of[n])], costs, overlap) for n in devices]
+    return _with_efficiency(out, sum(models[id(graph_of[1])].values()), scaling)
+
+
+def _with_efficiency(rows: list[dict], base: float, scaling: str) -> list[dict]:
+    """Each row's efficiency against `base`, T1 (one device, no collectives)."""
+    for row in rows:
         n = row["devices"] if scaling == "strong" else 1
         row["efficiency"] = base / (n * row["step_s"]) if row["step_s"] else 1.0
+    return rows
+
+
+def _filter_shape(eqn) -> tuple | None:
+    """(kh, kw, in, out) of a convolution eqn (forward or either gradient), else None."""
+    if eqn.op is conv2d_backprop_filter_p:
+        return tuple(eqn.outputs[0].ty.shape)
+    if eqn.op in (conv2d_p, conv2d_backprop_input_p):
+        return tuple(eqn.inputs[1].ty.shape)
+    return None
+
+
+def roofline_seconds(eqn, gpu, nbytes: float | None = None) -> float:
+    """One compute eqn's time on `gpu` (presets.GPU): its op's FLOPs and bytes touched
+    (the op's cost rule, or `nbytes`) through the roofline of its cost kind; a 3x3
+    stride-1 convolution does presets.WINOGRAD_SPEEDUP times fewer multiplies."""
+    flops, touched = eqn.op.cost([v.ty for v in eqn.inputs], [v.ty for v in eqn.outputs],
+                                 dict(eqn.params))
+    shape, params = _filter_shape(eqn), dict(eqn.params)
+    if (shape is not None and shape[:2] == (3, 3) and tuple(params.get("strides", ())) == (1, 1)
+            and tuple(params.get("dilations", (1, 1))) == (1, 1)):
+        flops /= presets.WINOGRAD_SPEEDUP
+    return gpu.op_seconds(flops, touched if nbytes is None else nbytes, eqn.op.cost_kind)
+
+
+def fused_bytes(g) -> dict:
+    """{elementwise eqn: bytes it moves when chains of elementwise ops run as one kernel},
+    as GPU frameworks run them (cuDNN's batch norm, XLA and TorchScript fusion): an
+    elementwise eqn reads only the inputs no elementwise eqn made and writes only the
+    outputs something else (or the step's result) reads."""
+    made_by = {v: e for e in g.eqns for v in e.outputs}
+    read_by: dict = {}
+    for e in g.eqns:
+        for v in e.inputs:
+            if isinstance(v, Var):
+                read_by.setdefault(v, []).append(e)
+
+    def elementwise(e) -> bool:
+        return e is not None and not e.op.collective and e.op.cost_kind == "elementwise"
+
+    out = {}
+    for e in g.eqns:
+        if elementwise(e):
+            reads = sum(v.ty.nbytes for v in e.inputs
+                        if isinstance(v, Var) and not elementwise(made_by.get(v)))
+            writes = sum(v.ty.nbytes for v in e.outputs
+                         if not read_by.get(v) or not all(map(elementwise, read_by[v])))
+            out[e] = reads + writes
     return out
+
+
+def _on_cluster(cluster, devices, graph_of: dict, scaling: str, overlap: bool) -> list[dict]:
+    """simulate() on a preset cluster: the roofline prices compute (elementwise chains
+    fused, fused_bytes), the cluster's hierarchical all-reduce the collectives
+    (presets.py)."""
+    models = {}
+    for g in graph_of.values():
+        fused = fused_bytes(g)
+        models[id(g)] = {e: roofline_seconds(e, cluster.gpu, fused.get(e)) for e in g.eqns
+                         if not e.op.collective}
+    assumed = {"preset": cluster.name, "gpus_per_node": cluster.gpus_per_node}
+    rows = [_scheduled(n, graph_of[n], models[id(graph_of[n])],
+                       lambda e, n=n: cluster.collective_seconds(e.op.name, n, _payload(e)),
+                       not overlap, 1, {**assumed, "overlap": bool(overlap)})
+            for n in devices]
+    return _with_efficiency(rows, sum(models[id(graph_of[1])].values()), scaling)
