@@ -109,11 +109,11 @@ def _name(fn) -> str:
 
 def _typed_leaf(x):
     """Python numbers a body returns take graphdist's default types (weak typing)."""
-    if isinstance(x, bool):
+    if type(x) is bool:        # exact types: numpy scalars (np.float64) keep theirs
         return np.bool_(x)
-    if isinstance(x, int):
+    if type(x) is int:
         return np.int32(x)
-    if isinstance(x, float):
+    if type(x) is float:
         return DEFAULT_FLOAT.type(x)
     return x
 
