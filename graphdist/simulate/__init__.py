@@ -3,7 +3,12 @@ cannot run, from its logical graph, per-op costs calibrated here and a link mode
 The package: link.py (the link model and its parser), costs.py (an eqn's calibrated time; a
 collective's cost comes from its lowering in the registry of passes/collectives, which
 keeps each lowering's cost model beside its emission), calibration.py (the measurements,
-a JSON file in the user's cache) and predict.py (the predictor).
+a JSON file in the user's cache), predict.py (the predictor) and presets.py (GPU clusters
+the step can be priced on instead of this machine: `--preset NAME`).
+
+Overlap: each gradient bucket's all-reduce starts once its last gradient exists and runs
+beside the backward pass that follows (predict.overlap_order; the buckets are the step's
+own, distribute/buckets.py); `overlap=False` (`--no-overlap`) serializes them.
 
 Scaling modes. Weak (the default): the builder decides the per-replica batch; the simulator
 takes it to be the same for every device count (it checks that 1 and 2 devices agree).
@@ -32,12 +37,15 @@ from graphdist.simulate.costs import (COSTS, all_gather_cost, broadcast_cost,
                                       ring_cost, shared_host_cost)
 from graphdist.simulate.link import DEFAULT_LINK, DEFAULT_MPI_LINK, Link, parse_link
 from graphdist.simulate.predict import (_step_time, assumptions, batch_of, format_table,
-                                        per_replica_batch, simulate)
+                                        fused_bytes, overlap_order, per_replica_batch,
+                                        roofline_seconds, simulate)
+from graphdist.simulate.presets import PRESETS, Cluster, hierarchical_all_reduce
 
 __all__ = ["CALIBRATION_VERSION", "COSTS", "DEFAULT_LINK", "DEFAULT_MPI_LINK", "GEMM_DIMS",
            "Link", "MPI_PROBE_BYTES", "_mpi_probe", "_step_time", "all_gather_cost",
            "assumptions", "batch_of", "best_time", "broadcast_cost", "calibrate",
            "calibrate_mpi", "collective_seconds", "default_calibration_path", "eqn_seconds",
-           "format_table", "hierarchical_cost", "host_cost", "host_link", "load_calibration",
+           "PRESETS", "Cluster", "format_table", "fused_bytes", "hierarchical_all_reduce",
+           "hierarchical_cost", "overlap_order", "roofline_seconds", "host_cost", "host_link", "load_calibration",
            "machine", "mpi_cost", "mpiexec", "one_device_cost", "op_kind", "parse_link",
            "per_replica_batch", "per_unit", "ring_cost", "shared_host_cost", "simulate"]
