@@ -34,13 +34,25 @@ from graphdist.ir import ArrayType, Graph, Lit, Replication, Var
 from graphdist.ops.array import (Const, broadcast_p as broadcast_to_p, concat_p, constant_p,
                                  getitem_p, reshape_p, transpose_p)
 from graphdist.ops.collectives import all_reduce_p, broadcast_p, replica_id_p
-from graphdist.ops.math import div_p, matmul_p, mul_p, sum_p
+from graphdist.ops.control_flow import cond_p, graph_cost
+from graphdist.ops.math import div_p, matmul_p, mul_p, sum_p, where_p
+from graphdist.ir.bodies import bodies
 from graphdist.ops.state import assign_p, read_p
 from graphdist.ops.core import normalize_axis
 from graphdist.ir.builder import Builder
 from graphdist.passes.cse import eliminate_common_subexpressions
 from graphdist.passes.dce import eliminate_dead_code
 
+
+
+# a branch this cheap (FLOPs per replica, no state, loops or collectives) runs for every
+# replica when merged replicas disagree on a cond's predicate: selecting beats N conds
+CHEAP_BRANCH_FLOPS = 1 << 20
+
+
+def cheap_branch(g: Graph) -> bool:
+    return (all(not (e.op.stateful or e.op.collective or bodies(e)) for e in g.eqns)
+            and graph_cost(g)[0] <= CHEAP_BRANCH_FLOPS)
 
 
 class CannotMerge(Exception):
@@ -205,10 +217,28 @@ class _Merge:
             raise CannotMerge(f"{op} of a per-replica value")
         if op.elementwise:
             return elementwise(bx, op, ins, params)
+        if op is cond_p and bx.batched(ins[0]) and all(map(cheap_branch, params["branches"])):
+            return self.select_branches(params["branches"], ins)
         if op.batch_rule is not None:
             out = op.batch_rule(bx, *ins, **params)
             return out if isinstance(out, tuple) else (out,)
         return bx.per_replica(op, ins, params)
+
+    def select_branches(self, branches, ins) -> tuple:
+        """A cond whose predicate differs between replicas: both (cheap) branches run
+        batched over every replica and each replica's result is selected, one `where`
+        per output, instead of one cond per replica on slices."""
+        pred, operands = ins[0], ins[1:]
+        results = []
+        for g in branches:
+            env = dict(zip(g.inputs, operands))
+            for e in g.eqns:
+                outs = self.merge_eqn(e, [env.get(v, v) if isinstance(v, Var) else v
+                                          for v in e.inputs])
+                env.update(zip(e.outputs, outs))
+            results.append([env.get(v, v) if isinstance(v, Var) else v for v in g.outputs])
+        return tuple(elementwise(self.bx, where_p, [pred, a, b], {})[0]
+                     for a, b in zip(*results))
 
     # ------------------------------------------------------------ collectives
     def collective(self, eqn, x):

@@ -341,3 +341,46 @@ def test_cond_runs_per_replica_under_a_strategy():
     out = step(values).values
     np.testing.assert_allclose(out[0], np.full(2, -1.5))
     np.testing.assert_allclose(out[1], np.full(2, 5.0))
+
+
+def _merged_step(branch_true):
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+
+    def replica_step(x):
+        return gd.cond(gd.reduce_sum(x) > 0, lambda: branch_true(x), lambda: x - 1.0)
+
+    @gd.function
+    def step(x):
+        return strategy.run(replica_step, args=(x,))
+
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.ones((4, 4)) * (ctx.replica_id_in_sync_group - 0.5))
+    return step, values
+
+
+@pytest.mark.parametrize("cheap", [True, False])
+def test_merged_replicas_select_cheap_branches_else_run_per_replica(cheap):
+    from graphdist.ops.control_flow import cond_p
+    from graphdist.ops.math import where_p
+    from graphdist.passes import merge
+
+    big = np.ones((4, 4))
+    branch = (lambda x: x * 10.0) if cheap else (lambda x: x @ big * 10.0)
+    step, values = _merged_step(branch)
+    expected = [v.copy() for v in values.values]
+    expected = [expected[0] - 1.0, branch(expected[1])]
+    try:
+        gd.config.set_device_concurrency("merged")
+        if not cheap:
+            old, merge.CHEAP_BRANCH_FLOPS = merge.CHEAP_BRANCH_FLOPS, 10
+        out = step(values).values
+        g = step.get_replicated_graph(values)
+    finally:
+        gd.config.set_device_concurrency("auto")
+        if not cheap:
+            merge.CHEAP_BRANCH_FLOPS = old
+    assert g.merged
+    ops = [e.op for e in g.eqns]
+    assert (cond_p not in ops and where_p in ops) if cheap else ops.count(cond_p) == 2
+    for got, want in zip(out, expected):
+        np.testing.assert_allclose(got, want)
