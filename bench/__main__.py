@@ -10,7 +10,7 @@ import sys
 
 BENCHMARKS = ["overhead", "trace_time", "mlp_step", "adam_fused", "allreduce", "reduce_update",
               "embedding", "mirrored_mlp", "cnn", "layer_norm", "gpt", "gpt2", "gpu", "run_steps", "multi_worker",
-              "simulate", "zero"]
+              "simulate", "zero", "published_scaling"]
 
 
 def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
