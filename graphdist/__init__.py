@@ -36,6 +36,8 @@ from graphdist.ops.math import (abs, add, argmax, clip_by_value, divide, equal, 
 from graphdist.ops.construct import arange, stack
 from graphdist.ops.division import floor_divide, mod
 from graphdist.ops.control_flow import cond, fori_loop, scan, while_loop
+from graphdist.ops.logic import (ceil, cumsum, floor, logical_and, logical_not, logical_or,
+                                 round)
 from graphdist.ops.einsum import einsum
 from graphdist.ops.special import cos, sin
 from graphdist.ops.clip import clip_by_global_norm
@@ -58,14 +60,15 @@ __all__ = [
     "RingAllReduce", "ShapeError", "Tensor", "TraceError", "ValueContext", "Variable",
     "VariableAggregation", "VariableSynchronization", "WorkerError", "abs", "add", "arange", "argmax",
     "benchmark", "broadcast_to", "callbacks", "cast", "check_equivalence", "choose_cross_device_ops", "clip_by_global_norm",
-    "clip_by_value", "concat", "cond", "config", "cos",
+    "ceil", "clip_by_value", "concat", "cond", "config", "cos", "cumsum",
     "data", "devices", "divide", "einsum", "equal", "exp", "expand_dims", "floor_divide",
-    "fori_loop", "function",
+    "floor", "fori_loop", "function",
     "gather", "get_replica_context", "get_strategy", "greater", "greater_equal", "has_strategy",
-    "in_cross_replica_context", "initializers", "less", "less_equal", "log", "losses", "matmul",
+    "in_cross_replica_context", "initializers", "less", "less_equal", "log", "logical_and",
+    "logical_not", "logical_or", "losses", "matmul",
     "maximum", "metrics", "minimum", "mod", "multiply", "name_scope", "negative", "nn", "not_equal",
     "one_hot",
     "ones_like", "optimizers", "pad", "power", "random", "reduce_max", "reduce_mean",
-    "reduce_min", "reduce_sum", "relu", "reshape", "scan", "shape", "sigmoid", "simulate", "sin", "split", "sqrt", "square", "squeeze", "stack", "stop_gradient",
+    "reduce_min", "reduce_sum", "relu", "reshape", "round", "scan", "shape", "sigmoid", "simulate", "sin", "split", "sqrt", "square", "squeeze", "stack", "stop_gradient",
     "subtract", "tanh", "transpose", "value_and_grad", "where", "while_loop", "zeros_like",
 ]

@@ -1,7 +1,7 @@
 """The op registry: every op's rules in one block each (see docs/adding_an_op.md)."""
 
-from graphdist.ops import (array, collectives, control_flow, conv, division, math,  # noqa: F401
-                           nn, optim, pool, random, state)  # (each registers its ops)
+from graphdist.ops import (array, collectives, control_flow, conv, division, logic,  # noqa: F401
+                           math, nn, optim, pool, random, state)  # (each registers its ops)
 from graphdist.ops import (device_collectives, host_collectives,  # noqa: F401  (fused collectives)
                            mpi_collectives)
 from graphdist.ops import (attention, construct, einsum, layer_norm, softmax,  # noqa: F401

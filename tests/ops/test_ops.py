@@ -394,6 +394,28 @@ def _reduce_scatter(rng):   # one replica: its one shard is the whole value, fla
                  lambda x: x.reshape(-1), params={"op": op, "n": 1}) for op in ("sum", "mean")]
 
 
+def _logical_cases(fn, ref):
+    def make(rng):
+        a, b = rng.random((3, 4)) > 0.5, rng.random((4,)) > 0.5
+        return [Case((a, b), fn, ref), Case((a, np.bool_(True)), fn, ref)]
+    return make
+
+
+def _not_integer(rng, *shape):      # away from the steps of floor/ceil/round
+    return rng.integers(-3, 3, size=shape) + rng.uniform(0.1, 0.4, size=shape) * \
+        rng.choice([1.0, 3.0], size=shape)
+
+
+def _cumsum(rng):
+    x = _u(rng, 3, 4)
+    return [Case((x,), lambda x, a=a, r=r: gd.cumsum(x, a, reverse=r),
+                 lambda x, a=a, r=r: np.flip(np.cumsum(np.flip(x, a), a), a) if r
+                 else np.cumsum(x, a), params={"axis": a % 2, "reverse": r})
+            for a, r in ((0, False), (1, True), (-1, False))] + [
+        Case((np.arange(6, dtype=np.int32),), gd.cumsum, lambda x: np.cumsum(x, dtype=np.int32),
+             params={"axis": 0, "reverse": False})]
+
+
 _PHILOX = {"dist": "uniform", "shape": (3, 4), "dtype": np.dtype("float32")}
 
 CASES = {
@@ -407,6 +429,14 @@ CASES = {
     "floor_divide": _division_cases(gd.floor_divide, np.floor_divide),
     "mod": _division_cases(gd.mod, np.remainder),
     "equal": _compare_cases(gd.equal, np.equal),
+    "floor": _unary_cases(gd.floor, np.floor, _not_integer),
+    "ceil": _unary_cases(gd.ceil, np.ceil, _not_integer),
+    "round": _unary_cases(gd.round, np.round, _not_integer),
+    "logical_and": _logical_cases(gd.logical_and, np.logical_and),
+    "logical_or": _logical_cases(gd.logical_or, np.logical_or),
+    "logical_not": lambda rng: [Case((rng.random((3, 4)) > 0.5,), gd.logical_not,
+                                     np.logical_not)],
+    "cumsum": _cumsum,
     "not_equal": _compare_cases(gd.not_equal, np.not_equal),
     "less": _compare_cases(gd.less, np.less),
     "less_equal": _compare_cases(gd.less_equal, np.less_equal),
@@ -491,6 +521,9 @@ INTERNAL_TESTED_ELSEWHERE = {
     "mpi_broadcast": "tests/distribute/test_multi_worker.py (made by the mpi lowering of broadcast)",
     "nccl_all_reduce": "tests/distribute/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
     "host_reduce_update": "tests/kernels/test_reduce_update.py (made by fuse_reduce_update)",
+    "cond": "tests/ops/test_control_flow.py (holds sub-graphs; gradients vs finite differences)",
+    "while": "tests/ops/test_control_flow.py (holds sub-graphs; gradients vs finite differences)",
+    "scan": "tests/ops/test_scan.py (holds sub-graphs; gradients vs finite differences)",
 }
 
 
