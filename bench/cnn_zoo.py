@@ -2,7 +2,9 @@
 their training steps are traced (shapes and FLOPs), never run. The layer lists follow the
 papers (He et al. 2016, table 1; Simonyan & Zisserman 2015, configuration D; Szegedy et al.
 2016, figures 5-7 and table 1, as tf.keras.applications builds them), in NHWC and float32,
-so the parameter counts are the published ones: 25.6M, 44.7M, 138.4M and 23.9M.
+with the trainable parameters of torchvision's models: 25,557,032 (ResNet-50), 44,549,160
+(ResNet-101), 138,357,544 (VGG-16); Inception V3 (no auxiliary head) 23,834,568, tf.keras's
+23,817,352 plus the 17,216 batch-norm scales it leaves out.
 
 `builder(name, per_replica)` gives the function of the device count n that `gd.simulate`
 and `graphdist simulate` take: a MirroredStrategy over n logical CPU devices, plain SGD (as
