@@ -16,6 +16,7 @@ import numpy as np
 
 from graphdist import config
 from graphdist.ops.control_flow import cond_p, scan_p, while_p
+from graphdist.runtime.buffers import plan_buffers
 
 LOWERED = (cond_p, while_p, scan_p)
 _runner_ids = itertools.count()
@@ -26,14 +27,12 @@ def lowers(op) -> bool:
     return op in LOWERED
 
 
-def body_program(g, backend):
-    """The generated function running body graph `g` (plain arrays in, a tuple out; its
-    results never alias its buffers, so a carry may be kept across iterations)."""
-    from graphdist.runtime.buffers import plan_buffers
-    from graphdist.runtime.emit import Emitter
-
+def body_program(emitter_type, g, backend):
+    """The generated function running body graph `g`, written by a new emitter of the
+    calling one's type (plain arrays in, a tuple out; its results never alias its
+    buffers, so a carry may be kept across iterations)."""
     plan = plan_buffers(g, backend, fused=config.fused_kernels())
-    return Emitter(g, plan, backend, {}).run().fn
+    return emitter_type(g, plan, backend, {}).run().fn
 
 
 def lower_eqn(emitter, eqn, backend) -> None:
@@ -43,13 +42,14 @@ def lower_eqn(emitter, eqn, backend) -> None:
     names = [f"v{next(emitter.counter)}" for _ in eqn.outputs]
     target = f"{', '.join(names)}, = " if names else ""
     if eqn.op is cond_p:
-        true_fn, false_fn = (emitter.glob("T", body_program(g, backend))
+        true_fn, false_fn = (emitter.glob("T", body_program(type(emitter), g, backend))
                              for g in params["branches"])
         rest = ", ".join(args[1:])
         emitter.emit(f"{target}({true_fn}({rest}) if {args[0]} else {false_fn}({rest}))", eqn)
     else:
         make = scan_runner if eqn.op is scan_p else while_runner
-        runner = emitter.glob("R", make(backend, **params))
+        runner = emitter.glob("R", make(functools.partial(body_program, type(emitter)),
+                                        backend, **params))
         emitter.emit(f"{target}{runner}({', '.join(args)})", eqn)
     emitter.name.update(zip(eqn.outputs, names))
 
@@ -68,9 +68,9 @@ def _empty(env: dict, backend, key: str, shape, dtype, zeros: bool = False) -> s
     return f"{key}()"
 
 
-def scan_runner(backend, *, body, length, num_carry, num_xs, reverse, history):
+def scan_runner(compile_body, backend, *, body, length, num_carry, num_xs, reverse, history):
     """run(*carry, *xs, *consts) -> (*carry, *ys, *history)."""
-    env = {"BODY": body_program(body, backend)}
+    env = {"BODY": compile_body(body, backend)}
     n_k = len(body.inputs) - num_carry - num_xs
     c = [f"c{i}" for i in range(num_carry)]
     x = [f"x{i}" for i in range(num_xs)]
@@ -98,9 +98,10 @@ def scan_runner(backend, *, body, length, num_carry, num_xs, reverse, history):
     return _compile(lines, env, "scan")
 
 
-def while_runner(backend, *, body, cond, num_carry, maximum_iterations, history):
+def while_runner(compile_body, backend, *, body, cond, num_carry, maximum_iterations,
+                 history):
     """run(*carry, *consts) -> (*carry[, trip count, *history])."""
-    env = {"BODY": body_program(body, backend), "COND": body_program(cond, backend),
+    env = {"BODY": compile_body(body, backend), "COND": compile_body(cond, backend),
            "_i32": np.int32}
     n_k = len(body.inputs) - num_carry
     c = [f"c{i}" for i in range(num_carry)]
