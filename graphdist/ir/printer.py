@@ -73,7 +73,7 @@ def _binder(namer: Namer, v: Var) -> str:
     return f"{namer(v)}:{v.ty}"
 
 
-def _named_bodies(eqn: Eqn) -> list:
+def named_bodies(eqn: Eqn) -> list:
     """(name, graph) of each sub-graph an eqn holds: `body`, `branches[0]`..."""
     out = []
     for key, value in eqn.params:
@@ -88,7 +88,7 @@ def body_lines(eqn: Eqn, namer: Namer, indent: str = "    ") -> list:
     """The sub-graphs of a control-flow eqn (cond, while, scan) as indented text: each
     `name(inputs) {`, its eqns (nested bodies further in), `return ...`, `}`."""
     lines = []
-    for name, g in _named_bodies(eqn):
+    for name, g in named_bodies(eqn):
         ins = ", ".join(_binder(namer, v) for v in g.inputs)
         lines.append(f"{indent}{name}({ins}) {{")
         for e in g.eqns:

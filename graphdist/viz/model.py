@@ -33,6 +33,7 @@ class Node:
     outputs: tuple = ()       # the Vars it defines
     view: bool = False        # a view op (reshape, transpose, read_var): no new buffer
     in_types: tuple = ()      # the ArrayTypes it reads (a collective's payload is the first)
+    body: str = ""            # inside a branch or loop body: that body's group path
 
     @property
     def name(self) -> str:
@@ -120,6 +121,7 @@ def read(g: Graph) -> View:
                 edges.append((src, node.id, port, x))
         for k, v in enumerate(eqn.outputs):
             producer[v] = (node.id, k)
+        _read_bodies(eqn, node, namer, nodes, edges)
     lanes = list(dict.fromkeys(g.devices))
     for n in nodes:
         for d in (n.device, *n.devices):
@@ -128,6 +130,32 @@ def read(g: Graph) -> View:
     if not lanes:
         lanes = [None]
     return View(g, nodes, edges, lanes, producer)
+
+
+def _read_bodies(eqn, node: Node, namer, nodes: list, edges: list) -> None:
+    """The eqns of a control-flow node's branches and bodies, as nodes in a group named
+    after it (`scope/cond#7/branches[0]`), so the HTML viewer draws each body as a group
+    that opens. Their costs are the control node's already: they count for nothing."""
+    from graphdist.ir.printer import named_bodies
+
+    for name, g in named_bodies(eqn):
+        path = "/".join(p for p in (eqn.scope, f"{eqn.op}#{node.index}", name) if p)
+        producer = {v: (node.id, 0) for v in g.inputs}
+        for e in g.eqns:
+            inner = Node(len(nodes), kind_of(e), str(e.op), tuple(namer(v) for v in e.outputs),
+                         tuple(v.ty for v in e.outputs), eqn.device,
+                         (eqn.device,) if eqn.device else (), path,
+                         params=",".join(f"{k}={param_text(v)}" for k, v in e.params),
+                         source=e.source, index=node.index, outputs=e.outputs,
+                         view=bool(getattr(e.op, "view", False)),
+                         in_types=tuple(x.ty for x in e.inputs), body=path)
+            nodes.append(inner)
+            for x in dict.fromkeys(x for x in e.inputs if isinstance(x, Var)):
+                if x in producer:
+                    src, port = producer[x]
+                    edges.append((src, inner.id, port, x))
+            producer.update((v, (inner.id, k)) for k, v in enumerate(e.outputs))
+            _read_bodies(e, inner, namer, nodes, edges)
 
 
 def collective_groups(view: View) -> list:
@@ -143,7 +171,8 @@ def collective_groups(view: View) -> list:
     found as connected pieces: two collective or copy nodes belong together when one reads
     what the other wrote or both read the same value. So a collective that reads another's
     result directly, with nothing in between, is counted with it."""
-    members = [n for n in view.nodes if n.index is not None and n.kind in ("collective", "copy")]
+    members = [n for n in view.nodes if n.index is not None and not n.body
+               and n.kind in ("collective", "copy")]
     parent = {n.id: n.id for n in members}
 
     def root(i):

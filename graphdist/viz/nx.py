@@ -12,7 +12,7 @@ def node_keys(view) -> list:
     for n in view.nodes:
         key = n.name
         if key in taken:
-            key = f"{n.op}#{n.index if n.index is not None else n.id}"
+            key = f"{n.op}#{n.index if n.index is not None and not n.body else n.id}"
         taken.add(key)
         keys.append(key)
     return keys

@@ -134,7 +134,7 @@ def stats(g: Graph) -> dict:
     flops = dict.fromkeys(lanes, 0)
     touched = dict.fromkeys(lanes, 0)
     for n in view.nodes:
-        if n.index is None:
+        if n.index is None or n.body:       # a body's eqns are their control node's cost
             continue
         ops[n.device][n.op] += 1
         flops[n.device] += n.flops

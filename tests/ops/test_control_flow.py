@@ -384,3 +384,36 @@ def test_merged_replicas_select_cheap_branches_else_run_per_replica(cheap):
     assert (cond_p not in ops and where_p in ops) if cheap else ops.count(cond_p) == 2
     for got, want in zip(out, expected):
         np.testing.assert_allclose(got, want)
+
+
+def test_views_show_bodies_as_groups(tmp_path):
+    @gd.function
+    def step(x, p):
+        return gd.cond(p > 0, lambda: gd.tanh(x) * 3.0, lambda: -x)
+
+    x = np.ones(2)
+    step(x, F64(1.0))
+    g = step.get_graph(x, F64(1.0))
+    g.to_html(tmp_path / "g.html")
+    html = (tmp_path / "g.html").read_text()
+    assert "cond#" in html and "branches[0]" in html and "branches[1]" in html
+    nx = g.to_networkx()
+    assert {"tanh", "neg", "cond"} <= {d["op"] for _, d in nx.nodes(data=True)}
+    assert "cond" in g.summary()
+
+
+def test_cost_counts_bodies_by_trip_count():
+    from graphdist.ops.control_flow import graph_cost, scan_p
+
+    @gd.function
+    def step(xs, w):
+        return gd.scan(lambda c, x: (gd.tanh(c @ w + x), c), np.zeros((2, 8)), xs)[0]
+
+    for length in (10, 100):
+        xs, w = np.ones((length, 2, 8)), np.ones((8, 8))
+        g = step.get_graph(xs, w)
+        (eqn,) = [e for e in g.eqns if e.op is scan_p]
+        body = dict(eqn.params)["body"]
+        flops, _ = eqn.op.cost([v.ty for v in eqn.inputs], [v.ty for v in eqn.outputs],
+                               dict(eqn.params))
+        assert flops == length * graph_cost(body)[0] > length * 2 * 2 * 8 * 8 - 1
