@@ -5,6 +5,7 @@ benchmark on DGX-1 V100) predicted from ResNet-50 built with graphdist's layers.
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -149,3 +150,36 @@ def test_resnet50_on_two_dgx1_within_10_points_of_the_ddp_benchmark():
     rows = gd.simulate(builder("resnet50", 32), [1, 16], preset="dgx1-v100")
     assert rows[1]["efficiency"] == pytest.approx(306 / 329, abs=0.10)
     assert 32 / rows[0]["step_s"] == pytest.approx(329, rel=0.15)   # the roofline's anchor
+
+
+def test_cli_preset_and_no_overlap_json(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tinynet.py").write_text(
+        "from bench.cnn_zoo import builder, resnet_logits\n"
+        "build = builder(None, 4, image=32, logits=lambda L, x: resnet_logits(\n"
+        "    L, x, (1, 1), width=8, classes=10))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "tinynet", raising=False)
+    assert main(["simulate", "tinynet:build", "--preset", "dgx1-v100", "--devices", "1,16",
+                 "--json"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert main(["simulate", "tinynet:build", "--preset", "dgx1-v100", "--devices", "1,16",
+                 "--json", "--no-overlap"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert [r["preset"] for r in on] == ["dgx1-v100"] * 2
+    assert (on[1]["overlap"], off[1]["overlap"]) == (True, False)
+    assert off[1]["step_s"] == pytest.approx(off[1]["compute_s"] + off[1]["comm_s"])
+    assert main(["simulate", "tinynet:build", "--preset", "dgx1-v100", "--devices", "16"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith("preset: dgx1-v100 NVIDIA DGX-1") and "overlap: on" in head
+
+
+def test_calibrated_prediction_without_overlap_is_serial(tmp_path):
+    from graphdist.simulate import calibrate
+
+    calibrate(tmp_path / "cal.json", repeat=1, mpi=False)
+    kw = dict(calibration=tmp_path / "cal.json", measure=False, link="latency=5us,bandwidth=1GB/s")
+    on = gd.simulate(tiny_resnet, [8], **kw)[0]
+    off = gd.simulate(tiny_resnet, [8], overlap=False, **kw)[0]
+    assert (on["overlap"], off["overlap"]) == (True, False)
+    assert off["step_s"] == pytest.approx(off["compute_s"] + off["comm_s"])
+    assert on["step_s"] < off["step_s"] and on["comm_s"] == pytest.approx(off["comm_s"])
