@@ -417,3 +417,30 @@ def test_cost_counts_bodies_by_trip_count():
         flops, _ = eqn.op.cost([v.ty for v in eqn.inputs], [v.ty for v in eqn.outputs],
                                dict(eqn.params))
         assert flops == length * graph_cost(body)[0] > length * 2 * 2 * 8 * 8 - 1
+
+
+def test_collective_under_a_mirrored_predicate_runs_on_every_replica():
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        flag = gd.Variable(np.float64(1.0), name="flag_cond")
+
+    def replica_step(x):
+        ctx = gd.get_replica_context()
+        y = gd.cond(flag > 0, lambda: ctx.all_reduce("sum", x), lambda: x * 0.0)
+        _, ys = gd.scan(lambda c, xi: (c, ctx.all_reduce("sum", xi)), np.float64(0), x)
+        return y, ys
+
+    @gd.function
+    def step(x):
+        return strategy.run(replica_step, args=(x,))
+
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.arange(2.0) + 10 * ctx.replica_id_in_sync_group)
+    total = values.values[0] + values.values[1]
+    y, ys = step(values)
+    for k in range(2):
+        np.testing.assert_allclose(y.values[k], total)
+        np.testing.assert_allclose(ys.values[k], total)
+    flag.assign(-1.0)
+    y, _ = step(values)
+    np.testing.assert_allclose(y.values[0], np.zeros(2))
