@@ -169,8 +169,10 @@ def test_cli_preset_and_no_overlap_json(tmp_path, monkeypatch, capsys):
     assert (on[1]["overlap"], off[1]["overlap"]) == (True, False)
     assert off[1]["step_s"] == pytest.approx(off[1]["compute_s"] + off[1]["comm_s"])
     assert main(["simulate", "tinynet:build", "--preset", "dgx1-v100", "--devices", "16"]) == 0
-    head = capsys.readouterr().out.splitlines()[0]
+    head, columns, row = capsys.readouterr().out.splitlines()
     assert head.startswith("preset: dgx1-v100 NVIDIA DGX-1") and "overlap: on" in head
+    assert columns.split()[-3:] == ["exposed", "ms", "efficiency"]
+    assert float(row.split()[4]) == pytest.approx(1e3 * on[1]["exposed_comm_s"], abs=1e-3)
 
 
 def test_calibrated_prediction_without_overlap_is_serial(tmp_path):
