@@ -38,14 +38,23 @@ from graphdist.distribute.values import PerReplica
 from graphdist.function import Function
 from graphdist.ir import Lit, eqn_text
 from graphdist.ir.types import is_float
+from graphdist.ops.collectives import all_reduce_p, broadcast_p
+from graphdist.ops.math import (abs_p, argmax_p, clip_p, compare_p, max_p, mean_p, min_p,
+                                relu_grad_p, relu_p, rmax_p, rmin_p, sign_p, where_p)
+from graphdist.ops.pool import max_pool2d_grad_p, max_pool2d_p
+from graphdist.ops.special import gelu_p
+from graphdist.ops.optim import adam_p, momentum_p, sgd_p, sparse_sgd_p
+from graphdist.ops.random import random_p
+from graphdist.ops.state import assign_p
 from graphdist.pytree import flatten
 
 # nodes whose output jumps where an input crosses a point: float32 rounding there can flip
-KINK_OPS = {"relu", "relu_grad", "maximum", "minimum", "abs", "where", "greater", "less",
-            "greater_equal", "less_equal", "max_pool2d", "max_pool2d_grad", "reduce_max",
-            "reduce_min", "argmax", "clip_by_value", "sign", "gelu"}
+# ops whose output jumps where an input crosses a point: float32 rounding there can flip it
+KINK_OPS = (relu_p, relu_grad_p, max_p, min_p, abs_p, where_p, compare_p["greater"],
+            compare_p["less"], compare_p["greater_equal"], compare_p["less_equal"],
+            max_pool2d_p, max_pool2d_grad_p, rmax_p, rmin_p, argmax_p, clip_p, sign_p, gelu_p)
 _UNIQUE_SUFFIX = re.compile(r"_\d+(?=/|$)")
-UPDATE_OPS = {"sgd_update", "sparse_sgd_update", "sgd_momentum_update", "adam_update"}
+UPDATE_OPS = (sgd_p, sparse_sgd_p, momentum_p, adam_p)   # whose last-but-one input is the gradient
 CAUSES = {
     "uneven_mean": "per-replica mean loss on uneven shards: each replica's reduce_mean divides "
                    "by its own shard's size and the gradients are averaged, so a short shard's "
@@ -273,14 +282,14 @@ def _interpret(g, args, state) -> dict:
             ins = [np.asarray(v.value, v.ty.dtype) if isinstance(v, Lit) else env[v]
                    for v in eqn.inputs]
             params = dict(eqn.params)
-            if eqn.op.name == "all_reduce":
+            if eqn.op is all_reduce_p:
                 total = ins[0].copy()
                 for x in ins[1:]:
                     total = total + x
                 if params.get("op") == "mean":
                     total = (total / len(ins)).astype(total.dtype)
                 outs = [total] * len(ins)
-            elif eqn.op.name == "broadcast":
+            elif eqn.op is broadcast_p:
                 outs = [ins[params.get("source", 0)]] * len(ins)
             else:
                 out = eqn.op.impl(np, *ins, **params)
@@ -294,10 +303,10 @@ def _gradients(g, env, devices) -> dict:
     producer = {v: e for e in g.eqns for v in e.outputs}
     grads = {}
     for eqn in g.eqns:
-        if eqn.op.name != "assign_var" or (len(devices) > 1 and eqn.device != devices[0]):
+        if eqn.op is not assign_p or (len(devices) > 1 and eqn.device != devices[0]):
             continue
         update = producer.get(eqn.inputs[-1])
-        if update is not None and update.op.name in UPDATE_OPS and \
+        if update is not None and update.op in UPDATE_OPS and \
                 eqn.inputs[-1] is update.outputs[0]:       # the weight, not a slot
             grads[dict(eqn.params)["var"].name] = env[update.inputs[-2]]
     return grads
@@ -462,7 +471,7 @@ def _collective_finding(made, how_inputs, many) -> tuple:
     detail = (f"its inputs, {how_inputs}, give the one-device value; it "
               f"{'averages' if op == 'mean' else 'combines'} them" if how_inputs else "")
     cause = ""
-    if made.op.name == "all_reduce" and op == "mean":
+    if made.op is all_reduce_p and op == "mean":
         if how_inputs == "summed" and _has_average_loss(many.graph):
             cause = "average_loss_mean"
         elif how_inputs and "weighted" in how_inputs and len(set(many.shares)) > 1:
@@ -482,12 +491,11 @@ def _node_finding(eqn, counterparts, agreed, one_env, many_env, many) -> tuple:
         detail += ("; it applies a value that is one per replica (a statistic of its own "
                    "shard) to each example")
     cause = ""
-    name = eqn.op.name
-    if name == "reduce_mean" and any(reduced_count(c) == 0 for c in counterparts):
+    if eqn.op is mean_p and any(reduced_count(c) == 0 for c in counterparts):
         cause = "empty_mean"
-    elif name == "philox_random" or any(_random_ancestor(c, many.graph) for c in counterparts):
+    elif eqn.op is random_p or any(_random_ancestor(c, many.graph) for c in counterparts):
         cause = "random"
-    elif name in KINK_OPS:
+    elif eqn.op in KINK_OPS:
         cause = "rounding"
         nearest = _nearest_kink(eqn, counterparts, one_env, many_env)
         detail = (f"its inputs agree within tolerance, yet its output jumps: an input lies "
@@ -520,7 +528,7 @@ def _random_ancestor(eqn, g, depth: int = 6) -> bool:
             for v in e.inputs:
                 p = producer.get(v)
                 if p is not None:
-                    if p.op.name == "philox_random":
+                    if p.op is random_p:
                         return True
                     nxt.append(p)
         frontier = nxt

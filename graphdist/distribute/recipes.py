@@ -22,6 +22,10 @@ from __future__ import annotations
 import weakref
 import warnings
 
+from graphdist.ops.collectives import all_reduce_p
+from graphdist.ops.math import mean_p
+from graphdist.ops.state import assign_p
+
 AVERAGE_LOSS_SCOPE = "compute_average_loss"
 GUIDE = "see docs/guide.md, 'When N devices do not match one'; `graphdist check` compares"
 _warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # function -> keys said
@@ -63,13 +67,13 @@ def gradient_mean_reduction(graph):
     optimizer's gradient reduction), or None."""
     averaged: dict = {}
     for eqn in graph.eqns:
-        if eqn.op.name == "all_reduce" and dict(eqn.params).get("op") == "mean":
+        if eqn.op is all_reduce_p and dict(eqn.params).get("op") == "mean":
             averaged.update((v, eqn) for v in eqn.outputs)
             continue
         origin = next((averaged[v] for v in eqn.inputs if v in averaged), None)
         if origin is None:
             continue
-        if eqn.op.name == "assign_var":
+        if eqn.op is assign_p:
             return origin
         averaged.update((v, origin) for v in eqn.outputs)
     return None
@@ -98,7 +102,7 @@ def uneven_means(graphs) -> list:
     differs between replicas or is 0 on one: a per-replica mean of uneven shards. The
     replicas' graphs come from one function traced on other shapes: their reduce_means
     pair up in order."""
-    means = [[e for e in g.eqns if e.op.name == "reduce_mean"] for g in graphs]
+    means = [[e for e in g.eqns if e.op is mean_p] for g in graphs]
     found = []
     for k, eqn in enumerate(means[0]):
         if not all(len(m) > k for m in means):
