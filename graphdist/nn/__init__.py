@@ -11,6 +11,7 @@ from graphdist.nn.embedding import Embedding, embedding_lookup  # noqa: F401
 from graphdist.nn.normalization import (BatchNorm, LayerNorm,  # noqa: F401
                                         batch_normalization, layer_norm, moments)
 from graphdist.nn.policy import DTypePolicy  # noqa: F401
+from graphdist.nn.recurrent import GRU, LSTM  # noqa: F401
 from graphdist.ops.conv import conv2d  # noqa: F401
 from graphdist.ops.pool import avg_pool2d, max_pool2d  # noqa: F401
 from graphdist.ops.math import relu, sigmoid, tanh  # noqa: F401
