@@ -27,7 +27,7 @@ def orthogonal(shape, dtype="float32", seed=None, generator=None) -> np.ndarray:
     q, r = np.linalg.qr(flat)
     q = q * np.sign(np.diag(r))
     q = q if rows >= cols else q.T
-    return np.asarray(q.reshape(shape), dtype)
+    return np.ascontiguousarray(q.reshape(shape), dtype)
 
 
 def _initial_value(initializer, shape, dtype):

@@ -69,6 +69,7 @@ def test_lstm_defaults_last_output_forget_bias_and_orthogonal_kernel():
     np.testing.assert_array_equal(layer.bias.numpy(), [0, 0, 0, 1, 1, 1] + [0] * 6)
     u = layer.recurrent_kernel.numpy()          # (3, 12): orthonormal rows
     np.testing.assert_allclose(u @ u.T, np.eye(3), atol=1e-5)
+    assert u.flags.c_contiguous          # optimizers update variables in place
 
 
 def test_gru_matches_keras_equations_reset_after():
