@@ -6,6 +6,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.ops.control_flow import scan_p
+from graphdist.ops.math import exp_p
 
 from tests.ops.test_control_flow import numeric_grad
 
@@ -146,3 +147,19 @@ def test_scan_errors_name_the_body():
 
     with pytest.raises(gd.ShapeError, match="leading axes"):
         uneven(np.ones(3), np.ones(4))
+
+
+def test_dead_ys_are_not_stacked():
+    @gd.function
+    def step(xs):
+        carry, (kept, dropped) = gd.scan(lambda c, x: (c + x, (c * 2.0, gd.exp(c))),
+                                         np.float64(0), xs)
+        return carry, kept
+
+    xs = np.array([1.0, 2.0, 3.0])
+    carry, kept = step(xs)
+    np.testing.assert_allclose(kept, [0.0, 2.0, 6.0])
+    (placed,) = _scan_eqns(step.get_replicated_graph(xs))
+    body = dict(placed.params)["body"]
+    assert len(placed.outputs) == 2 and len(body.outputs) == 2
+    assert all(e.op is not exp_p for e in body.eqns)
