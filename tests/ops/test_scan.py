@@ -163,3 +163,36 @@ def test_dead_ys_are_not_stacked():
     body = dict(placed.params)["body"]
     assert len(placed.outputs) == 2 and len(body.outputs) == 2
     assert all(e.op is not exp_p for e in body.eqns)
+
+
+def test_nested_cond_in_scan_with_captures_and_gradient():
+    w = np.array([0.7, -0.3])
+
+    def f_np(x, scale):
+        c = np.zeros(2)
+        for xi in x:
+            c = np.sin(c + xi * scale) if xi.sum() > 0 else c * scale - xi
+        return np.sum(c * w)
+
+    @gd.function
+    def grads(x, scale):
+        with gd.GradientTape() as tape:
+            tape.watch([x, scale])
+
+            def body(c, xi):
+                c = gd.cond(gd.reduce_sum(xi) > 0, lambda: gd.sin(c + xi * scale),
+                            lambda: c * scale - xi)
+                return c, ()
+
+            c, _ = gd.scan(body, np.zeros(2), x)
+            loss = gd.reduce_sum(c * w)
+        return loss, tape.gradient(loss, [x, scale])
+
+    rng = np.random.default_rng(5)
+    x, scale = rng.normal(size=(6, 2)), np.float64(1.3)
+    loss, (gx, gs) = grads(x, scale)
+    assert float(loss) == pytest.approx(f_np(x, scale))
+    np.testing.assert_allclose(gx, numeric_grad(lambda v: f_np(v, scale), x), rtol=1e-5,
+                               atol=1e-8)
+    assert float(gs) == pytest.approx(
+        (f_np(x, scale + 1e-6) - f_np(x, scale - 1e-6)) / 2e-6, rel=1e-5)
