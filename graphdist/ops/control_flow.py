@@ -31,6 +31,7 @@ import numpy as np
 from graphdist import pytree
 from graphdist.errors import ShapeError, user_frame_text
 from graphdist.ir import ArrayType, Graph, evaluate
+from graphdist.ir.bodies import bodies
 from graphdist.ir.types import DEFAULT_FLOAT, is_float
 from graphdist.ops.core import Op, Symbolic, bind, current_tracer
 
@@ -65,17 +66,6 @@ def graph_cost(g: Graph) -> tuple[int, int]:
         f, b = e.op.cost([v.ty for v in e.inputs], [v.ty for v in e.outputs], dict(e.params))
         flops, nbytes = flops + f, nbytes + b
     return flops, nbytes
-
-
-def bodies(eqn) -> tuple:
-    """The sub-graphs an eqn holds (none for ordinary ops)."""
-    out = []
-    for _, value in eqn.params:
-        if isinstance(value, Graph):
-            out.append(value)
-        elif isinstance(value, tuple) and value and all(isinstance(x, Graph) for x in value):
-            out.extend(value)
-    return tuple(out)
 
 
 def holds_collective(g: Graph):
@@ -150,7 +140,7 @@ def _union(*lists) -> list:
     return list(dict.fromkeys(v for vs in lists for v in vs))
 
 
-def _refuse_per_replica(tracer, what: str, found, decided_by: str) -> None:
+def _refuse_per_replica(what: str, found, decided_by: str) -> None:
     raise ValueError(
         f"{what}: its body holds a collective ({found.op}, traced at {found.source or '?'}) "
         f"and its {decided_by} may differ between replicas (it is computed from per-replica "
@@ -248,7 +238,7 @@ def cond(pred, true_fn, false_fn, *operands):
     found = next((c for c in map(holds_collective, branches) if c is not None), None)
     if tracer.strategy is not None and found is not None:
         if tracer.per_replica(p):
-            _refuse_per_replica(tracer, "cond", found, "predicate")
+            _refuse_per_replica("cond", found, "predicate")
         outs = _select_inline(tracer, p, branches, [*ins, *slots])
     else:
         outs = tracer.emit(cond_p, (p, *ins, *slots), {"branches": branches})
@@ -412,7 +402,7 @@ def while_loop(cond_fn, body_fn, loop_vars, maximum_iterations=None):
     found = holds_collective(body_g) or holds_collective(cond_g)
     if tracer.strategy is not None and found is not None:
         if any(tracer.per_replica(v) for v in (*carry, *slots)):
-            _refuse_per_replica(tracer, "while_loop", found, "trip count")
+            _refuse_per_replica("while_loop", found, "trip count")
         raise NotImplementedError(
             f"while_loop: a collective ({found.op}, traced at {found.source or '?'}) inside "
             "a while_loop body under several replicas is not supported yet; use gd.scan or "

@@ -79,10 +79,10 @@ def scan_runner(compile_body, backend, *, body, length, num_carry, num_xs, rever
     ys = [f"Y{i}" for i in range(len(y_types))]
     hs = [f"H{i}" for i in range(num_carry)] if history else []
     lines = [f"def run({', '.join(c + x + k)}):"]
-    for name, ty in zip(ys, y_types):
-        lines.append(f"    {name} = {_empty(env, backend, 'E' + name, (length, *ty.shape), ty.dtype)}")
-    for name, v in zip(hs, body.inputs[:num_carry]):
-        lines.append(f"    {name} = {_empty(env, backend, 'E' + name, (length, *v.ty.shape), v.ty.dtype)}")
+    stacked = [*zip(ys, y_types), *zip(hs, (v.ty for v in body.inputs[:num_carry]))]
+    for name, ty in stacked:
+        make = _empty(env, backend, "E" + name, (length, *ty.shape), ty.dtype)
+        lines.append(f"    {name} = {make}")
     steps = f"range({length - 1}, -1, -1)" if reverse else f"range({length})"
     lines.append(f"    for i in {steps}:")
     lines += [f"        {h}[i] = {ci}" for h, ci in zip(hs, c)]
