@@ -13,6 +13,7 @@ from graphdist.ir import ArrayType, Eqn, Graph, Lit, Var, as_dtype
 from graphdist.ops import state
 from graphdist.ops.array import Const, constant_p
 from graphdist.ops.collectives import replica_id_p
+from graphdist.ops.control_flow import while_p, while_varying_outputs
 from graphdist.ops.core import Symbolic, bind, current_tracer, pop_tracer, push_tracer
 from graphdist.ops.operators import Operators
 from graphdist.ops.sparse import IndexedSlices, densify
@@ -220,6 +221,11 @@ class Tracer:
         varying = self.varying_inputs()
         for eqn in self.eqns:
             if eqn.op.collective:
+                continue
+            if eqn.op is while_p:       # a loop in lock step may give mirrored values
+                flags = while_varying_outputs(eqn, [isinstance(v, Var) and v in varying
+                                                    for v in eqn.inputs])
+                varying.update(v for v, f in zip(eqn.outputs, flags) if f)
                 continue
             ref = dict(eqn.params).get("var")
             if (getattr(ref, "on_read", False) or eqn.op is replica_id_p

@@ -30,7 +30,7 @@ import numpy as np
 
 from graphdist import pytree
 from graphdist.errors import ShapeError, user_frame_text
-from graphdist.ir import ArrayType, Graph, evaluate
+from graphdist.ir import ArrayType, Graph, Var, evaluate
 from graphdist.ir.bodies import bodies
 from graphdist.ir.types import DEFAULT_FLOAT, is_float
 from graphdist.ops.core import Op, Symbolic, bind, current_tracer
@@ -400,13 +400,10 @@ def while_loop(cond_fn, body_fn, loop_vars, maximum_iterations=None):
     body_g = bb.aligned(slots, assigned, entries)
     cond_g = _without_results(cb.aligned(slots, [], entries), 1)
     found = holds_collective(body_g) or holds_collective(cond_g)
-    if tracer.strategy is not None and found is not None:
-        if any(tracer.per_replica(v) for v in (*carry, *slots)):
-            _refuse_per_replica("while_loop", found, "trip count")
-        raise NotImplementedError(
-            f"while_loop: a collective ({found.op}, traced at {found.source or '?'}) inside "
-            "a while_loop body under several replicas is not supported yet; use gd.scan or "
-            f"gd.fori_loop with Python bounds\n  while tracing  {user_frame_text()}")
+    if tracer.strategy is not None and found is not None and _trip_count_varies(
+            body_g, cond_g, [tracer.per_replica(v) for v in (*carry, *slots)],
+            len(carry) + len(carried)):
+        _refuse_per_replica("while_loop", found, "trip count")
     history = maximum_iterations is not None
     outs = tracer.emit(while_p, (*carry, *slots),
                        {"body": body_g, "cond": cond_g, "num_carry": len(carry) + len(carried),
@@ -416,6 +413,52 @@ def while_loop(cond_fn, body_fn, loop_vars, maximum_iterations=None):
         tracer.set_state(variable, v.var)
     result = pytree.unflatten(tree, outs[: len(carry)])
     return result[0] if single else result
+
+
+def _trip_count_varies(body: Graph, cond: Graph, varying: list, num_carry: int) -> bool:
+    """Whether a loop's predicate may differ between replicas: it reads a carry that is
+    per-replica on entry or becomes so in some iteration (the body mixes a per-replica
+    value into it), or a per-replica constant. A per-replica carry the predicate never
+    reads (a value the body all-reduces, say) leaves the replicas in lock step."""
+    return _loop_varying(body, cond, varying, num_carry)[0]
+
+
+def _loop_varying(body: Graph, cond: Graph, varying: list, num_carry: int):
+    """(does the predicate vary, which carries may vary after any iteration)."""
+    varying = list(varying)
+    while True:
+        out = _varying_outputs(body, varying)
+        grown = [a or b for a, b in zip(varying[:num_carry], out)]
+        if grown == varying[:num_carry]:
+            return _varying_outputs(cond, varying)[0], grown
+        varying[:num_carry] = grown
+
+
+def while_varying_outputs(eqn, varying_inputs: list) -> list:
+    """Per output of a while eqn: may it differ between replicas (the tracer's per_replica
+    rule)? A loop whose predicate agrees on every replica has the same trip count on all,
+    and a carry that never takes a per-replica value agrees too (what lets the backward
+    loop of a loop run in lock step be accepted in turn)."""
+    p = dict(eqn.params)
+    pred, carry = _loop_varying(p["body"], p["cond"], varying_inputs, p["num_carry"])
+    if pred:
+        return [True] * len(eqn.outputs)
+    return carry + ([False] + carry if p["history"] else [])
+
+
+def _varying_outputs(g: Graph, varying_inputs: list) -> list:
+    """Per output of `g`: may it differ between replicas, given which inputs may? (Trace's
+    per_replica rule inside a body: a collective's result agrees on every replica, a
+    sync-on-read read or the replica id does not.)"""
+    varying = {v for v, flag in zip(g.inputs, varying_inputs) if flag}
+    for e in g.eqns:
+        if e.op.collective:
+            continue
+        ref = dict(e.params).get("var")
+        if (getattr(ref, "on_read", False) or e.op.name == "replica_id"
+                or any(isinstance(v, Var) and v in varying for v in e.inputs)):
+            varying.update(e.outputs)
+    return [isinstance(v, Var) and v in varying for v in g.outputs]
 
 
 def _without_results(g: Graph, n: int) -> Graph:

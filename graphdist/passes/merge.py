@@ -34,7 +34,7 @@ from graphdist.ir import ArrayType, Graph, Lit, Replication, Var
 from graphdist.ops.array import (Const, broadcast_p as broadcast_to_p, concat_p, constant_p,
                                  getitem_p, reshape_p, transpose_p)
 from graphdist.ops.collectives import all_reduce_p, broadcast_p, replica_id_p
-from graphdist.ops.control_flow import cond_p, graph_cost
+from graphdist.ops.control_flow import cond_p, graph_cost, holds_collective, while_p
 from graphdist.ops.math import div_p, matmul_p, mul_p, sum_p, where_p
 from graphdist.ir.bodies import bodies
 from graphdist.ops.state import assign_p, read_p
@@ -201,6 +201,8 @@ class _Merge:
         bx, op, params = self.bx, eqn.op, dict(eqn.params)
         if op.collective:
             return (self.collective(eqn, ins[0]),)
+        if op is while_p and any(holds_collective(g) is not None for g in bodies(eqn)):
+            return self.lockstep_loop(eqn, ins)
         if op is replica_id_p:
             return bx.add(constant_p, batched=True,
                           value=Const(np.arange(self.n, dtype=np.int32)))
@@ -239,6 +241,57 @@ class _Merge:
             results.append([env.get(v, v) if isinstance(v, Var) else v for v in g.outputs])
         return tuple(elementwise(self.bx, where_p, [pred, a, b], {})[0]
                      for a, b in zip(*results))
+
+    # ------------------------------------------------------------ loops in lock step
+    def lockstep_loop(self, eqn, ins) -> tuple:
+        """A while_loop whose body holds a collective (its trip count the same on every
+        replica, as the tracer checked): one loop over merged values, its body and
+        predicate merged like the step (a carry is batched when it enters batched or the
+        body makes it so; the collectives become reductions over the replica axis)."""
+        params = dict(eqn.params)
+        nc = params["num_carry"]
+        if params["history"]:
+            raise CannotMerge("a while_loop holding a collective keeps its history")
+        flags = [self.bx.batched(v) for v in ins]
+        while True:
+            body, out_flags = self.merged_body(params["body"], flags)
+            grown = [a or b for a, b in zip(flags[:nc], out_flags)]
+            if grown == flags[:nc]:
+                break
+            flags[:nc] = grown
+        cond, (pred_batched,) = self.merged_body(params["cond"], flags)
+        if pred_batched:
+            raise CannotMerge("a while_loop holding a collective has a per-replica predicate")
+        ins = [self.bx.stacked(v) if f and not self.bx.batched(v) else v
+               for v, f in zip(ins, flags)]
+        outs = self.bx.add(while_p, *ins, batched=False,
+                           **{**params, "body": body, "cond": cond})
+        self.bx.batched_vars.update(v for v, f in zip(outs, flags) if f)
+        return outs
+
+    def merged_body(self, g: Graph, flags: list):
+        """Body `g` merged, its inputs batched where `flags` say: (graph, which outputs
+        are batched). Outputs keep the inputs' batching where they are carried on."""
+        sub = _Merge(g, self.devices, frozenset())
+        inputs = []
+        for v, batched in zip(g.inputs, flags):
+            ty = ArrayType((self.n, *v.ty.shape), v.ty.dtype) if batched else v.ty
+            new = Var(ty, v.hint, self.devices[0])
+            if batched:
+                sub.bx.batched_vars.add(new)
+            sub.env[v] = new
+            inputs.append(new)
+        for e in g.eqns:
+            outs = sub.merge_eqn(e, [sub.env.get(v, v) if isinstance(v, Var) else v
+                                     for v in e.inputs])
+            sub.env.update(zip(e.outputs, outs))
+        outs = [sub.env.get(v, v) if isinstance(v, Var) else v for v in g.outputs]
+        out_flags = [sub.bx.batched(v) for v in outs]
+        outs = [sub.bx.stacked(v) if k < len(flags) and flags[k] and not sub.bx.batched(v)
+                else v for k, v in enumerate(outs)]
+        merged = Graph(inputs=tuple(inputs), eqns=tuple(sub.bx.builder.eqns),
+                       outputs=tuple(outs))
+        return eliminate_dead_code(merged), out_flags
 
     # ------------------------------------------------------------ collectives
     def collective(self, eqn, x):

@@ -12,13 +12,14 @@ from graphdist.ir import COLLECTIVES_SCOPE, ArrayType, Eqn, Graph, Lit, Replicat
 from graphdist.ir.printer import Namer
 from graphdist.ir.builder import Builder
 from graphdist.ops.collectives import replica_id_p
+from graphdist.passes.lockstep import join_loop, runs_in_lockstep
 
 
 def _segments(g: Graph):
     """Split g's eqns at its collectives: [(eqns before, collective), ..., (tail, None)]."""
     out, current = [], []
     for eqn in g.eqns:
-        if eqn.op.collective:
+        if eqn.op.collective or runs_in_lockstep(eqn):
             out.append((current, eqn))
             current = []
         else:
@@ -59,7 +60,9 @@ def replicate(graphs: list[Graph], devices: tuple, first: int = 0) -> Graph:
             for eqn in segments[d][k][0]:
                 _clone_eqn(b, d, eqn, maps[d], names[d], devices, first)
         colls = [segments[d][k][1] for d in range(n)]
-        if colls[0] is not None:
+        if colls[0] is not None and not colls[0].op.collective:    # a loop holding one
+            join_loop(b, colls, maps, devices, names, first, replicate)
+        elif colls[0] is not None:
             _join_collective(b, colls, maps, devices, names)
     outputs = []
     for d, g in enumerate(graphs):

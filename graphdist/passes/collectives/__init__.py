@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from graphdist.ir import COLLECTIVES_SCOPE, Graph, Var
+from graphdist.ir.bodies import map_bodies
 from graphdist.ir.builder import Builder
 from graphdist.ops.collectives import all_gather_p, all_reduce_p, broadcast_p, reduce_scatter_p
 from graphdist.passes.collectives import lowerings  # noqa: F401  (registers the six)
@@ -31,6 +32,10 @@ __all__ = ["COLLECTIVES", "LOWERINGS", "Lowering", "Pricing", "copy_to", "finish
 
 def lower_collectives(g: Graph, cross_device_ops) -> Graph:
     """Replace every N-way collective node of a replicated graph by its lowering."""
+    memo: dict = {}      # a loop run in lock step holds N-way nodes in its body too
+    g = g.replace(eqns=tuple(
+        map_bodies(e, lambda body: lower_collectives(body, cross_device_ops), memo)
+        for e in g.eqns))
     if not any(e.op in _EMIT for e in g.eqns):
         return g
     lowering = lowering_for(cross_device_ops)
