@@ -1,6 +1,7 @@
 """Small bundled datasets, loaded as numpy arrays; no downloads, no extra dependencies.
 
-Only the UCI handwritten digits for now (see LICENSE-digits.txt). Batching lives in
+The UCI handwritten digits (see LICENSE-digits.txt) and about 60 KB of Shakespeare for
+character-level language models (LICENSE-shakespeare.txt). Batching lives in
 graphdist/data.py.
 """
 
@@ -10,7 +11,7 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["load_digits"]
+__all__ = ["load_digits", "load_shakespeare"]
 
 
 def load_digits(
@@ -48,3 +49,29 @@ def load_digits(
     # one more seeded shuffle so classes are interleaved, not grouped
     order = rng.permutation(np.flatnonzero(keep))
     return x[order], y[order]
+
+
+def load_shakespeare(split: str | None = None, test_fraction: float = 0.1) -> str:
+    """Return the bundled public-domain text (the opening of Shakespeare's Coriolanus,
+    59,804 characters, 59 distinct) as a str.
+
+    `split="train"` gives the first 1 - `test_fraction` of it, `"test"` the rest (a cut
+    by position, as character models hold out the end of the text); `split=None` all.
+
+    >>> text = load_shakespeare()
+    >>> len(text), text[:14]
+    (59804, 'First Citizen:')
+    >>> len(load_shakespeare("train")) + len(load_shakespeare("test"))
+    59804
+    """
+    if split not in (None, "train", "test"):
+        raise ValueError(f"load_shakespeare: split must be None, 'train' or 'test', got "
+                         f"{split!r}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"load_shakespeare: test_fraction must be in (0, 1), got "
+                         f"{test_fraction}")
+    text = resources.files(__name__).joinpath("shakespeare.txt").read_text(encoding="utf-8")
+    if split is None:
+        return text
+    cut = round(len(text) * (1 - test_fraction))
+    return text[:cut] if split == "train" else text[cut:]
