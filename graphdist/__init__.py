@@ -43,6 +43,7 @@ from graphdist.ops.special import cos, sin
 from graphdist.ops.clip import clip_by_global_norm
 from graphdist.function import function
 from graphdist.benchmark import benchmark
+from graphdist.runtime.profile import profile_report
 from graphdist.equivalence import check_equivalence
 from graphdist.simulate import simulate
 from graphdist.ops.sparse import IndexedSlices, gather
@@ -68,7 +69,7 @@ __all__ = [
     "logical_not", "logical_or", "losses", "matmul",
     "maximum", "metrics", "minimum", "mod", "multiply", "name_scope", "negative", "nn", "not_equal",
     "one_hot",
-    "ones_like", "optimizers", "pad", "power", "random", "reduce_max", "reduce_mean",
+    "ones_like", "optimizers", "pad", "power", "profile_report", "random", "reduce_max", "reduce_mean",
     "reduce_min", "reduce_sum", "relu", "reshape", "round", "scan", "shape", "sigmoid", "simulate", "sin", "split", "sqrt", "square", "squeeze", "stack", "stop_gradient",
     "subtract", "tanh", "transpose", "value_and_grad", "where", "while_loop", "zeros_like",
 ]

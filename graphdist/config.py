@@ -6,7 +6,7 @@ import logging
 import os
 
 _state = {"explain_retraces": False, "fused_kernels": True, "logical_devices": {},
-          "collective_timeout": 60.0, "device_concurrency": "auto",
+          "collective_timeout": 60.0, "overlap": True, "device_concurrency": "auto",
           "background_compile": os.environ.get("GRAPHDIST_BACKGROUND_COMPILE", "1") != "0",
           "check_numerics": os.environ.get("GRAPHDIST_CHECK_NUMERICS", "0") not in ("", "0")}
 
@@ -48,6 +48,18 @@ def set_fused_kernels(enabled: bool) -> None:
 
 def fused_kernels() -> bool:
     return _state["fused_kernels"]
+
+
+def set_overlap(enabled: bool) -> None:
+    """Start each gradient bucket's all-reduce as soon as its gradients exist and wait for
+    it where its result is first used, while the backward pass goes on (True, the default;
+    runtime/overlap.py), or run every collective inline, where the step computed it
+    (False). Results are bit-identical either way (the same sums in the same order)."""
+    _state["overlap"] = bool(enabled)
+
+
+def overlap() -> bool:
+    return _state["overlap"]
 
 
 def set_background_compile(enabled: bool) -> None:

@@ -42,7 +42,8 @@ def schedule_of(graph: Graph) -> list[dict]:
     """Each collective across workers of a placed graph, in program order."""
     entries = []
     for eqn in graph.eqns:
-        name = getattr(eqn.op, "name", str(eqn.op))
+        # an overlapped all-reduce is its start's eqn (runtime/overlap.py)
+        name = getattr(eqn.op, "name", str(eqn.op)).removesuffix("_start")
         if not name.startswith("mpi_"):
             continue
         params = eqn.attrs

@@ -77,8 +77,9 @@ def test_mirrored_components_are_bit_identical_across_replicas_and_workers(two_w
     reports, _ = two_workers
     assert reports[0]["components_equal"] and reports[1]["components_equal"]
     assert reports[0]["w_bytes"] == reports[1]["w_bytes"]
-    # the dense gradient all-reduced and the embedding's sparse rows all-gathered over MPI
-    assert reports[0]["collective_ops"] == ["mpi_all_gather", "mpi_all_reduce"]
+    # the dense gradient all-reduced (overlapped, the default: started early, then waited
+    # for; runtime/overlap.py) and the embedding's sparse rows all-gathered over MPI
+    assert reports[0]["collective_ops"] == ["mpi_all_gather", "mpi_all_reduce_start"]
 
 
 def test_replica_ids_reductions_and_sync_on_read_are_global(two_workers):

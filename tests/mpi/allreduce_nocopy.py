@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 import graphdist as gd
 
+gd.config.set_overlap(False)   # the inline node (tests/mpi/overlap.py checks the split one)
 out_dir, local = sys.argv[1], int(sys.argv[2])
 strategy = gd.MultiWorkerMirroredStrategy([f"cpu:{i}" for i in range(local)])
 group = strategy.cross_device_ops.group

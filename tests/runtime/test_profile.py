@@ -72,9 +72,15 @@ def test_profile_has_one_lane_per_device_and_shows_collectives():
     events = _check_chrome_format(trace)
     lanes = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"]
              if e["name"] == "thread_name"}
-    assert sorted(lanes) == ["cpu:0", "cpu:1", "cpu:2"]
+    devices = ["cpu:0", "cpu:1", "cpu:2"]
+    assert sorted(lanes) == sorted(devices + [f"{d} collectives" for d in devices])
     assert {e["tid"] for e in events} == set(lanes.values())
     collectives = [e for e in events if e["cat"] == "collective"]
     assert collectives and all(e["args"]["eqn"] for e in collectives)
     for e in events:
-        assert step.replicated_graph.eqns[e["args"]["node"]].device == e["args"]["device"]
+        node = step.replicated_graph.eqns[e["args"]["node"]]
+        if e["cat"] == "collective":      # on the lane of every device whose buffers it reads
+            assert e["tid"] == lanes[f"{e['args']['device']} collectives"]
+            assert e["args"]["device"] in {v.device for v in node.inputs}
+        else:
+            assert node.device == e["args"]["device"] and e["tid"] == lanes[node.device]

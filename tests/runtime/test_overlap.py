@@ -1,0 +1,183 @@
+"""Communication overlapped with compute (runtime/overlap.py) and the profile's exposed
+collective time (runtime/profile.py): the split is in the lowered graph, each bucket's
+all-reduce starts right after its last gradient (last bucket first) and is waited for just
+before its first reader, results are bit-identical with overlap off, and profile_report's
+exposed seconds match hand-derived interval arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from graphdist.runtime.overlap import collective_wait_p, host_all_reduce_start_p
+
+DEVICES = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+
+
+@pytest.fixture
+def overlap_setting():
+    yield gd.config.set_overlap
+    gd.config.set_overlap(True)
+
+
+def _mlp(overlap: bool, steps: int = 3, bucket_bytes: int = 25 * 2**20):
+    """A 3-layer MLP's SGD-momentum steps on 4 logical devices: (variables, losses, step,
+    batch)."""
+    gd.config.set_overlap(overlap)
+    rng = np.random.default_rng(0)
+    strategy = gd.MirroredStrategy(DEVICES)
+    strategy.bucket_bytes = bucket_bytes
+    sizes = [(32, 64), (64,), (64, 64), (64,), (64, 10), (10,)]
+    with strategy.scope():
+        ws = [gd.Variable((rng.standard_normal(s) * 0.2).astype(np.float32), name=f"w{i}")
+              for i, s in enumerate(sizes)]
+        opt = gd.optimizers.SGD(0.05, momentum=0.9)
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                h = x
+                for i in range(0, len(ws), 2):
+                    h = h @ ws[i] + ws[i + 1]
+                    if i + 2 < len(ws):
+                        h = gd.tanh(h)
+                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, h))
+            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+            return loss
+        return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
+
+    x = rng.standard_normal((32, 32)).astype(np.float32)
+    y = rng.integers(0, 10, 32).astype(np.int32)
+    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
+    losses = [float(step(batch)) for _ in range(steps)]
+    return [w.values for w in ws], losses, step, batch
+
+
+def _cnn(overlap: bool, steps: int = 2):
+    """bench's tutorial-style CNN (conv, pool, dense) with Adam on 4 logical devices."""
+    gd.config.set_overlap(overlap)
+    rng = np.random.default_rng(1)
+    strategy = gd.MirroredStrategy(DEVICES)
+    with strategy.scope():
+        model = gd.nn.Sequential([
+            gd.nn.Conv2D(4, 3, activation="relu"), gd.nn.MaxPool2D(2), gd.nn.Flatten(),
+            gd.nn.Dense(10)])
+        model(np.zeros((1, 8, 8, 1), np.float32))
+        opt = gd.optimizers.Adam(0.01)
+    for v in model.trainable_variables:        # the same start for both runs
+        v.assign((rng.standard_normal(v.shape) * 0.3).astype(np.float32))
+
+    @gd.function
+    def step(batch):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, model(x)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
+
+    x = rng.standard_normal((16, 8, 8, 1)).astype(np.float32)
+    y = rng.integers(0, 10, 16).astype(np.int32)
+    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
+    losses = [float(step(batch)) for _ in range(steps)]
+    return [v.values for v in model.trainable_variables], losses
+
+
+def _same_bits(a, b) -> bool:
+    return all(np.array_equal(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+
+def test_mlp_overlapped_equals_inline_bit_for_bit(overlap_setting):
+    on, losses_on, _, _ = _mlp(True, bucket_bytes=8 * 1024)
+    off, losses_off, _, _ = _mlp(False, bucket_bytes=8 * 1024)
+    assert losses_on == losses_off
+    assert _same_bits(on, off)
+
+
+def test_cnn_overlapped_equals_inline_bit_for_bit(overlap_setting):
+    on, losses_on = _cnn(True)
+    off, losses_off = _cnn(False)
+    assert losses_on == losses_off
+    assert _same_bits(on, off)
+
+
+def _lowered(step, batch):
+    return step.get_stages(batch)["schedule"]
+
+
+def test_the_split_is_in_the_lowered_graph_and_off_turns_it_off(overlap_setting):
+    _, _, step, batch = _mlp(True, steps=1)
+    text = str(_lowered(step, batch))
+    assert "host_all_reduce_start[op=mean,channel=" in text
+    assert "collective_wait[channel=" in text
+    _, _, step, batch = _mlp(False, steps=1)
+    ops = {e.op for e in _lowered(step, batch).eqns}
+    assert host_all_reduce_start_p not in ops and collective_wait_p not in ops
+
+
+def test_buckets_start_last_first_and_wait_before_their_first_reader(overlap_setting):
+    # 8 KiB buckets of the gradients in forward order (w0 8 KiB, w1 256 B, w2 16 KiB, then
+    # w3, w4, w5 2.8 KiB together): [w0] [w1] [w2] [w3 w4 w5]
+    _, _, step, batch = _mlp(True, steps=1, bucket_bytes=8 * 1024)
+    g = _lowered(step, batch)
+    eqns = list(g.eqns)
+    starts = [i for i, e in enumerate(eqns) if e.op is host_all_reduce_start_p and e.inputs[0].ty.size > 1]
+    sizes = [eqns[i].inputs[0].ty.size for i in starts]
+    # reverse forward order, as each bucket's last gradient comes out of the backward pass
+    assert sizes == [64 + 64 * 10 + 10, 64 * 64, 64, 32 * 64]
+    matmuls = [i for i, e in enumerate(eqns) if e.op.name == "matmul"]
+    assert starts[0] < matmuls[-1]           # it starts while the backward pass goes on
+    for i in starts:
+        channel = eqns[i].attrs["channel"]
+        w = next(k for k, e in enumerate(eqns) if e.op is collective_wait_p
+                 and e.attrs["channel"] is channel)
+        results = set(eqns[w].outputs)
+        first_reader = next(k for k, e in enumerate(eqns) if results & set(e.inputs))
+        assert i < w == first_reader - 1 or i < w < first_reader
+
+
+def test_profile_has_a_collective_lane_per_device_with_the_thread_times(overlap_setting):
+    _, _, step, batch = _mlp(True, steps=1, bucket_bytes=8 * 1024)
+    trace = step.profile(batch)
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "thread_name"}
+    collectives = [e for e in trace["traceEvents"] if e.get("cat") == "collective"]
+    for device in DEVICES:
+        lane = next(t for t, n in names.items() if n == f"{device} collectives")
+        mine = [e for e in collectives if e["tid"] == lane]
+        assert len(mine) == 5             # the loss and the 4 buckets, each on every device
+        assert all(e["args"]["overlapped"] and 0 <= e["args"]["exposed_ms"] <= e["dur"] / 1e3
+                   + 1e-9 for e in mine)
+    report = gd.profile_report(trace)
+    row = report["steps"][0]
+    assert 0 < row["exposed_s"] <= row["collective_s"] and row["compute_s"] > 0
+
+
+def _event(cat, ts, dur, device="cpu:0", program=0):
+    return {"name": cat, "cat": cat, "ph": "X", "pid": 0, "tid": 0, "ts": ts, "dur": dur,
+            "args": {"device": device, "program": program}}
+
+
+def test_profile_report_counts_collective_time_no_compute_covers():
+    # step 0 (0-100 us): compute 0-40 and 50-90; collectives 30-60 and 55-70 -> collective
+    # union 30-70 (40 us), covered 30-40 and 50-70 (30 us), exposed 10 us.
+    # step 1 (100-200 us): compute 100-110, collective 120-150: all 30 us exposed.
+    trace = {"traceEvents": [
+        {"name": "step 0", "cat": "step", "ph": "X", "ts": 0, "dur": 100, "args": {"step": 0}},
+        {"name": "step 1", "cat": "step", "ph": "X", "ts": 100, "dur": 100,
+         "args": {"step": 1}},
+        _event("compute", 0, 40), _event("compute", 50, 40),
+        _event("collective", 30, 30), _event("collective", 55, 15),
+        _event("wait", 60, 5),
+        _event("compute", 100, 10), _event("collective", 120, 30)]}
+    report = gd.profile_report(trace)
+    first, second = report["steps"]
+    assert first["compute_s"] == pytest.approx(80e-6)
+    assert first["collective_s"] == pytest.approx(40e-6)
+    assert first["exposed_s"] == pytest.approx(10e-6)
+    assert second["exposed_s"] == pytest.approx(30e-6)
+    assert report["exposed_fraction"] == pytest.approx(40 / 70)
+    assert first["devices"]["cpu:0"]["exposed_s"] == pytest.approx(10e-6)
