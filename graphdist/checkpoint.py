@@ -120,6 +120,7 @@ class Checkpoint:
                     key = f"{p}/slots/{path_of[id(var)]}/{_escape(name)}"
                     variables[key] = slot
                     slots[key] = (opt, var, name)
+            variables.update(_accumulation_entries(p, opt, path_of))
         return variables, plain, optimizers, slots
 
     # ------------------------------------------------------------ finding one
@@ -211,6 +212,7 @@ class Checkpoint:
         if current_tracer() is not None:
             raise TraceError("Checkpoint.restore inside traced code; call it between steps")
         path = os.fspath(path)
+        self._make_accumulators(path)
         entries = self._entries()
         group = _workers(entries[0].values())
         try:
@@ -234,8 +236,39 @@ class Checkpoint:
         used = {key for _, key in plan.writes}
         return RestoreStatus(path, sorted(set(file.entries) - used), plan.unrestored)
 
+    def _make_accumulators(self, path: str) -> None:
+        """An accumulating optimizer makes its accumulators on its first step; a file saved
+        mid-window restores into them, so make the ones the file has first (zeros: what
+        they start as). A file that cannot be read is reported by restore itself."""
+        plain, optimizers = {}, {}
+        _walk(self, "", set(), plain, optimizers)
+        wanted = [(p, opt) for p, opt in optimizers.items()
+                  if getattr(opt, "accumulation_checkpoint", dict)()]
+        if not wanted:
+            return
+        try:
+            with CheckpointFile(path) as file:
+                keys = set(file.entries)
+        except Exception:  # noqa: BLE001 - restore raises it below, with its context
+            return
+        for p, opt in wanted:
+            for var_path, var in plain.items():
+                if f"{p}/accumulation/{var_path}" in keys:
+                    opt._accumulator(var)
+
     def __repr__(self) -> str:
         return f"Checkpoint({', '.join(self._trackables)})"
+
+
+def _accumulation_entries(p: str, opt, path_of: dict) -> dict:
+    """A gradient-accumulating optimizer's window: its micro-step counter and each tracked
+    variable's accumulator (read whole), so a restore resumes mid-window."""
+    state = getattr(opt, "accumulation_checkpoint", dict)()
+    out = {f"{p}/accumulation/step": state["step"]} if "step" in state else {}
+    for var, acc in state.items():
+        if not isinstance(var, str) and id(var) in path_of:
+            out[f"{p}/accumulation/{path_of[id(var)]}"] = acc
+    return out
 
 
 def _names(keys, limit: int = 8) -> str:
@@ -258,6 +291,7 @@ class _RestorePlan:
             self._check_type(p, opt)
         hyper = {f"{p}/hyper/{_escape(name)}" for p, opt in optimizers.items()
                  for name in getattr(opt, "_hyper", {})}
+        accumulation = tuple(f"{p}/accumulation/" for p in optimizers)
         for key, var in variables.items():
             if key in slots:
                 continue                               # per optimizer, below
@@ -266,6 +300,10 @@ class _RestorePlan:
                 self.writes.append((var, key))
             elif key in hyper:                         # saved before hyper-parameters were
                 self.unrestored[key] = "kept its value: the file predates saved hyper-parameters"
+            elif key.startswith(accumulation):         # saved without accumulation
+                self.writes.append((var, None))
+                self.unrestored[key] = ("reset to zeros: the file has no gradient accumulation "
+                                        "window (the window starts empty)")
             else:
                 raise CheckpointError(f"{self.path}: tracked variable '{key}' ({var.name!r}, "
                                       f"{describe(var.shape, var.dtype)}) is absent from the "

@@ -148,6 +148,15 @@ class Optimizer:
                 _strategy=var._strategy))
         return self._accumulators[var]
 
+    def accumulation_checkpoint(self) -> dict:
+        """What a checkpoint keeps of the current window: {"step": the micro-step counter,
+        variable: its accumulator read whole} (empty without accumulation)."""
+        if self._accumulation_step is None:
+            return {}
+        return {"step": self._accumulation_step,
+                **{var: AccumulatorState(acc, self.gradient_reduction)
+                   for var, acc in self._accumulators.items()}}
+
     def _accumulate(self, pairs):
         """Gradient accumulation's traced half: on a micro-step add each gradient to its
         accumulator and return None (no collective); on the k-th call return the window's
@@ -425,6 +434,48 @@ class Optimizer:
         accumulation = [self._accumulation_step] if self._accumulation_step is not None else []
         return [self.iterations, *self._hyper.values(), *slots, *accumulation,
                 *self._accumulators.values()]
+
+
+class AccumulatorState:
+    """A gradient accumulator as a checkpoint reads and writes it: whole, not per replica.
+    Saved as what the applying all-reduce would make of it (the replicas' mean for a mean
+    reduction, their sum for a sum), and restored so that it makes the same again on any
+    replica count: every replica the mean, or the first replica the sum (the others an
+    additive identity)."""
+
+    def __init__(self, accumulator: Variable, reduction: str):
+        self.accumulator, self.reduction = accumulator, reduction
+
+    name = property(lambda self: self.accumulator.name)
+    shape = property(lambda self: self.accumulator.shape)
+    dtype = property(lambda self: self.accumulator.dtype)
+    synchronization = property(lambda self: self.accumulator.synchronization)
+    aggregation = property(lambda self: self.accumulator.aggregation)
+    values = property(lambda self: self.accumulator.values)
+    _strategy = property(lambda self: self.accumulator._strategy)
+
+    def numpy(self) -> np.ndarray:
+        acc = self.accumulator
+        total, _ = acc._replicas()
+        parts = [acc._host(k) for k in range(len(acc.values))]
+        local = np.sum(parts, axis=0, dtype=acc.dtype)
+        whole = acc._strategy._sum_across_workers(local) if total > len(parts) else local
+        if self.reduction == "mean":
+            return np.asarray(whole / acc.dtype.type(total), acc.dtype)
+        return np.asarray(whole, acc.dtype)
+
+    def components_for(self, value: np.ndarray) -> list:
+        from graphdist.distribute.sync import sum_shares
+
+        acc = self.accumulator
+        total, first = acc._replicas()
+        value = np.asarray(value, acc.dtype)
+        if self.reduction == "mean" or total == 1:
+            return [value] * len(acc.values)
+        return sum_shares(value, total)[first:first + len(acc.values)]
+
+    def assign_components(self, arrays) -> None:
+        self.accumulator.assign_components(arrays)
 
 
 def accumulation_scope(opt):

@@ -294,3 +294,36 @@ def test_changing_k_after_tracing_traces_again():
     step(3 * one)                                       # applies the mean, 2
     np.testing.assert_array_equal(v.numpy(), [-3.0, -3.0])
     assert int(opt.iterations.numpy()) == 2 and step.trace_count == 3
+
+
+@pytest.mark.parametrize("before,after", [(2, 4), (4, 1), (2, 2)])
+def test_a_checkpoint_mid_window_resumes_on_any_replica_count(tmp_path, before, after):
+    window = _batches(2, 8)
+    first = _setup("adam", before, 2)
+    first[4](*_split(first[0], before, *window[0]))           # one micro-step of two
+    path = gd.Checkpoint(w=first[1], b=first[2], opt=first[3]).save(tmp_path / "c.npz")
+    strategy, w, b, opt, step = _setup("adam", after, 2)
+    gd.Checkpoint(w=w, b=b, opt=opt).restore(path).assert_consumed()
+    assert int(opt.accumulation_step.numpy()) == 1 and int(opt.iterations.numpy()) == 0
+    step(*_split(strategy, after, *window[1]))                # completes the window
+    assert int(opt.iterations.numpy()) == 1
+    ref = _reference("adam", [window])
+    np.testing.assert_allclose(w.numpy(), ref[0], rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(b.numpy(), ref[1], rtol=2e-5, atol=2e-6)
+
+
+def test_a_file_without_a_window_starts_an_empty_one(tmp_path):
+    plain = _setup("sgd", 2, 1)
+    plain[4](*_split(plain[0], 2, *_batches(1, 8)[0]))
+    path = gd.Checkpoint(w=plain[1], b=plain[2], opt=plain[3]).save(tmp_path / "c.npz")
+    strategy, w, b, opt, step = _setup("sgd", 2, 2)
+    step(*_split(strategy, 2, *_batches(1, 8)[0]))            # a micro-step: window 1 of 2
+    status = gd.Checkpoint(w=w, b=b, opt=opt).restore(path)
+    assert set(status.unrestored) == {"opt/accumulation/step", "opt/accumulation/w",
+                                      "opt/accumulation/b"}
+    status.expect_partial()
+    assert int(opt.accumulation_step.numpy()) == 0
+    for component in opt._accumulators[w].values:
+        np.testing.assert_array_equal(component, 0)
+    with pytest.raises(gd.CheckpointError, match="accumulation"):
+        status.assert_consumed()
