@@ -6,11 +6,18 @@ exposed seconds match hand-derived interval arithmetic."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+
 import numpy as np
 import pytest
 
 import graphdist as gd
 from graphdist.runtime.overlap import collective_wait_p, host_all_reduce_start_p
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/
+from mpi_launch import needs_mpi, two_workers  # noqa: E402
 
 DEVICES = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
 
@@ -181,3 +188,18 @@ def test_profile_report_counts_collective_time_no_compute_covers():
     assert second["exposed_s"] == pytest.approx(30e-6)
     assert report["exposed_fraction"] == pytest.approx(40 / 70)
     assert first["devices"]["cpu:0"]["exposed_s"] == pytest.approx(10e-6)
+
+
+@needs_mpi
+def test_two_mpi_workers_overlapped_equal_inline_bit_for_bit(tmp_path):
+    done = two_workers("overlap.py", [tmp_path], "mpiexec", timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for report in reports:
+        for model in ("mlp", "cnn"):
+            assert report[f"{model}_on"] == report[f"{model}_off"], model
+        assert "mpi_all_reduce_start" in report["ops"] and "collective_wait" in report["ops"]
+        assert "mpi_all_reduce" not in report["ops"]
+        row = report["profile"]["steps"][0]
+        assert 0 < row["collective_s"] and 0 <= row["exposed_s"] <= row["collective_s"]
+    assert reports[0]["mlp_on"] == reports[1]["mlp_on"]   # every worker has the same bits
