@@ -76,7 +76,11 @@ def memory_bytes(g: Graph) -> dict:
     buckets: set = set()
     reducing = _reducing_ops()
     for eqn in g.eqns:
-        if eqn.op in reducing:
+        # an all-reduce split to overlap the compute (runtime/overlap.py): its start and
+        # its wait share a channel, and the wait's outputs are the reduced values
+        channel = dict(eqn.params).get("channel")
+        split = getattr(channel, "collective", None) in reducing and not eqn.op.collective
+        if eqn.op in reducing or split:
             for v in eqn.outputs:
                 add(v.device if v.device is not None else eqn.device, "gradients", v.ty.nbytes)
         elif eqn.op is host_reduce_update_p:  # the buckets, reduced chunk by chunk; an update
