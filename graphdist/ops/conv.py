@@ -31,9 +31,10 @@ FEW_CHANNELS = 4
 PATCH_BYTES = 4 << 20
 
 
-def _image_chunks(n: int, per_image: int):
-    """Slices of whole images whose patches take at most PATCH_BYTES (at least one image)."""
-    step = max(1, PATCH_BYTES // max(1, per_image))
+def _image_chunks(n: int, per_image: int, limit: int | None = None):
+    """Slices of whole images whose patches take at most `limit` bytes (default
+    PATCH_BYTES; at least one image)."""
+    step = max(1, (PATCH_BYTES if limit is None else limit) // max(1, per_image))
     return [slice(a, min(n, a + step)) for a in range(0, n, step)]
 
 
@@ -51,6 +52,23 @@ def _im2col(xp, x, k_hw, strides, dilations, out_hw, pads):
     if c < FEW_CHANNELS:
         return xp.ascontiguousarray(win.transpose(3, 4, 5, 0, 1, 2)).reshape(depth, rows).T
     return xp.ascontiguousarray(win).reshape(rows, depth)
+
+
+def conv_direct_numpy(xp, x, f, out, strides, dilations, pads, bias=None, relu=False):
+    """The numpy twin of kernels/conv.py's conv_direct_cpu, conv2d + bias + relu with the
+    epilogue fused (the cold start's form): one multiply-add over the whole output per
+    (tap, channel) in the kernel's order, taps in the padding skipped, then the bias and
+    relu: the same float operations, so the same bits. pads: (top, left)."""
+    out[...] = 0
+    for (p, q), at_out, at_in in taps(f.shape[:2], strides, dilations,
+                                       ((pads[0], 0), (pads[1], 0)), x.shape[1:3],
+                                       out.shape[1:3]):
+        for ch in range(x.shape[3]):
+            out[at_out] += x[at_in][..., ch, None] * f[p, q, ch]
+    if bias is not None:
+        out += bias
+    if relu:
+        xp.maximum(out, 0, out=out)
 
 
 def _conv_params(x, filters, strides, padding, dilations):
@@ -93,6 +111,37 @@ def _conv2d_out(xp, out, x, f, *, strides, padding, dilations):
     for part in _image_chunks(x.shape[0], out_hw[0] * out_hw[1] * f[..., 0].size * x.itemsize):
         cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads)
         xp.matmul(cols, f.reshape(-1, o), out=out[part].reshape(-1, o))   # (rows, O)
+
+
+# the fused form (conv2d + bias (+ relu)) makes the output in blocks of whole images whose
+# patches and output together take at most this many bytes, so the bias add and relu run on
+# a block still in L2 instead of as two more passes over the whole activation (22 MB for
+# the tutorial's first layer at batch 256). bench/conv2d.py.
+EPILOGUE_BYTES = 4 << 20
+
+
+def conv2d_bias_act_out(xp, out, x, f, bias=None, relu=False, *, strides, padding,
+                        dilations):
+    """out[...] = conv2d(x, f) (+ bias) (then relu, np.maximum(., 0)), the epilogue fused
+    into the output pass: per block of images, im2col, one GEMM into out's rows, then the
+    bias and relu on those rows while they are in cache. The form a conv + bias + relu
+    chain runs as; plain numpy, so it is its own cold-start twin."""
+    out_hw, pads = window_geometry("conv2d", x.shape[1:3], f.shape[:2], strides, dilations,
+                                   padding, "")
+    o = f.shape[3]
+    per_image = out_hw[0] * out_hw[1] * (f[..., 0].size + o) * x.itemsize
+    # the bias repeated along an output row: numpy's broadcast add over O-long inner runs
+    # costs a loop per position (1.5 ms for the tutorial's 22 MB activation, about twice
+    # a copy of it); over OW*O-long runs it streams
+    line = None if bias is None else xp.tile(bias, out_hw[1])
+    for part in _image_chunks(x.shape[0], per_image, EPILOGUE_BYTES):
+        rows = out[part].reshape(-1, o)
+        cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads)
+        xp.matmul(cols, f.reshape(-1, o), out=rows)
+        if line is not None:
+            out[part].reshape(-1, line.size)[...] += line
+        if relu:
+            xp.maximum(rows, 0, out=rows)
 
 
 @conv2d_p.def_impl
