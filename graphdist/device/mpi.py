@@ -274,6 +274,18 @@ class Group:
         elif send is not None:
             buf[...] = send
 
+    def post_allreduce(self, buf, send=None):
+        """Start `allreduce(buf, send=send)` and return its request for `wait_for` (None:
+        one worker, done already): an overlapped all-reduce (runtime/overlap.py) posts here
+        and waits where its result is first read."""
+        if self.size == 1:
+            if send is not None:
+                buf[...] = send
+            return None
+        self._before_collective()
+        source = self.MPI.IN_PLACE if send is None else send
+        return self.comm.Iallreduce(source, buf, op=self.MPI.SUM)
+
     def bcast(self, buf, root: int, what: str = "a broadcast") -> None:
         """buf <- root's buf (in place)."""
         if self.size > 1:

@@ -15,11 +15,13 @@ exist, which puts the buckets in reverse forward order as DDP does, and each wai
 before the first eqn that reads its results (or the next collective that is not split, so
 that every worker issues its collectives in one order).
 
-At run time a start hands the collective's own kernel (the one the inline node would run:
-the same sums in the same order, so the bits do not change) to the program's
+At run time a host start hands the collective's own kernel (the one the inline node would
+run: the same sums in the same order, so the bits do not change) to the program's
 communication thread and returns a token; the wait joins it. numpy and the Numba kernels
-release the interpreter lock, so the backward pass computes while the thread reduces, and an
-MPI all-reduce progresses in its own thread instead of only while the program polls it.
+release the interpreter lock, so the backward pass computes while the thread reduces. An
+MPI start posts the non-blocking all-reduce (`Group.post_allreduce`) from the program's own
+thread and its wait polls it (`Group.wait_for`: the abort notices and the timeout as
+ever), so every worker's MPI calls keep the program's order.
 The wait names the bucket's inputs too, so their buffers stay alive (not reused by the
 buffer plan) until the thread has read them; the results go to buffers the channel keeps
 (fresh ones when the step returns them).
@@ -126,6 +128,9 @@ class Channel:
     def start(self, xp, xs):
         if self._pending is not None:      # a step that raised left one behind
             self._drain()
+        if self.collective is mpi_all_reduce_p:
+            self._pending = _PostedMpi(self, xp, xs)
+            return
         run, outs = self.runner(), self.buffers(xp)
 
         def job():
@@ -148,6 +153,41 @@ class Channel:
             pending.result()
         except Exception:      # noqa: BLE001 - its step already raised; this one goes on
             pass
+
+
+class _PostedMpi:
+    """An MPI all-reduce posted from the program's own thread (`Group.post_allreduce`) and
+    waited for at its first reader, with the steps of `mpi_all_reduce`'s out= form around
+    it (the same local sum, the same MPI call: the same bits). No thread: a second thread
+    polling MPI would hold the interpreter lock between its polls, and MPI calls from two
+    threads of a worker could reach the wire in different orders on different workers."""
+
+    def __init__(self, channel: Channel, xp, xs):
+        params = channel.params
+        self.channel, self.xp = channel, xp
+        self.outs = channel.buffers(xp)
+        self.acc = self.outs[0].reshape(-1)
+        self.what = f"an all-reduce of {ArrayType(xs[0].shape, xs[0].dtype)}"
+        self.t0 = time.perf_counter()
+        send = None
+        if len(xs) == 1:
+            send = xs[0].reshape(-1)
+        else:
+            xp.add(xs[0].reshape(-1), xs[1].reshape(-1), out=self.acc)
+            for x in xs[2:]:
+                xp.add(self.acc, x.reshape(-1), out=self.acc)
+        self.request = params["group"].post_allreduce(self.acc, send)
+
+    def result(self):
+        params, xp, acc = self.channel.params, self.xp, self.acc
+        if self.request is not None:
+            params["group"].wait_for(self.request, self.what)
+        if params["op"] == "mean":
+            xp.divide(acc, acc.dtype.type(params["replicas"]), out=acc)
+        for out in self.outs[1:]:
+            xp.copyto(out, acc.reshape(out.shape))
+        self.channel.spans.append((self.t0, time.perf_counter()))
+        return self.outs
 
 
 # ------------------------------------------------------------------ ops
