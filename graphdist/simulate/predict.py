@@ -125,8 +125,9 @@ def _collective_seconds(eqn, n: int, c: _Costs) -> float:
 
 def _lowering_of(f) -> str:
     """The lowering the builder's step was lowered with, recognised by the fused nodes it
-    made (ring, which makes none of its own, otherwise)."""
-    names = {e.op.name for e in f.replicated_graph.eqns}
+    made (ring, which makes none of its own, otherwise); an all-reduce split to overlap
+    the compute (runtime/overlap.py) is known by its start, `<fused node>_start`."""
+    names = {e.op.name.removesuffix("_start") for e in f.replicated_graph.eqns}
     for name, cls in LOWERINGS.items():
         if names & set(cls.fused_nodes):
             return name
