@@ -13,6 +13,7 @@ from graphdist.device.backends import backend_for
 from graphdist.function import Function
 from graphdist.progress import ProgressBar
 from graphdist.runtime import warmup
+from graphdist.runtime.profile import profile_report
 
 WARMUP = 2        # calls after the first (compiling) one, neither timed nor reported
 
@@ -44,7 +45,7 @@ def device_counts(devices) -> list[int]:
 
 
 def benchmark(builder, devices=(1, 2, 4), steps: int = 20, mode: str | None = None, *,
-              progress: bool = False) -> list[dict]:
+              progress: bool = False, overlap: bool | None = None) -> list[dict]:
     """Time `builder(n)`'s step for each device count n: one dict per count.
 
     The builder takes n and returns `(f, args)`: a gd.function on a strategy over n devices
@@ -52,8 +53,10 @@ def benchmark(builder, devices=(1, 2, 4), steps: int = 20, mode: str | None = No
     `first_call_s`; after WARMUP more calls, `steps` calls are timed one by one (`median_s`,
     `min_s`, `max_s`, `spread` = (max - min) / median, `steps_per_s`). One profiled call
     gives `compute_s` and `collective_s`: its node times summed by category over every
-    device, and `collective_share`. `mode` sets gd.config.set_device_concurrency for the
-    run (restored after). Every call is a real step: it updates the variables.
+    device, and `collective_share`; and `exposed_s`, the collective time no compute covered
+    (`gd.profile_report`). `mode` sets gd.config.set_device_concurrency for the run, and
+    `overlap` gd.config.set_overlap (both restored after; `overlap` is then in each row).
+    Every call is a real step: it updates the variables.
 
     Split the batch among the replicas, as below: a plain array reaches every replica
     whole, so each would process the whole global batch (n times the work per replica).
@@ -75,13 +78,20 @@ def benchmark(builder, devices=(1, 2, 4), steps: int = 20, mode: str | None = No
     if mode is not None and mode not in config.DEVICE_CONCURRENCY:
         raise ValueError(f"gd.benchmark: mode must be one of {config.DEVICE_CONCURRENCY}, "
                          f"got {mode!r}")
-    before = config.device_concurrency()
+    before, overlapped = config.device_concurrency(), config.overlap()
     if mode is not None:
         config.set_device_concurrency(mode)
+    if overlap is not None:
+        config.set_overlap(overlap)
     try:
-        return [_measure(builder, n, steps, progress) for n in counts]
+        rows = [_measure(builder, n, steps, progress) for n in counts]
     finally:
         config.set_device_concurrency(before)
+        config.set_overlap(overlapped)
+    if overlap is not None:
+        for row in rows:
+            row["overlap"] = bool(overlap)
+    return rows
 
 
 def _built(builder, n: int):
@@ -125,17 +135,42 @@ def _measure(builder, n: int, steps: int, progress: bool) -> dict:
         if bar is not None and (bar.tty or i + 1 == total):   # logs get one line per count
             bar.update(i + 1, f"{n} device(s)")
     f.profile(*args)                # the first builds the instrumented program
-    by_category = {"compute": 0.0, "collective": 0.0}
-    for event in f.profile(*args)["traceEvents"]:
+    trace = f.profile(*args)
+    by_category, seen = {"compute": 0.0, "collective": 0.0}, set()
+    for event in trace["traceEvents"]:
         if event.get("cat") in by_category:
+            once = (event["args"].get("node"), event["ts"])   # a collective is on each lane
+            if event["cat"] == "collective" and once in seen:
+                continue
+            seen.add(once)
             by_category[event["cat"]] += event["dur"] * 1e-6
     compute, collective = by_category["compute"], by_category["collective"]
+    report = profile_report(trace)
     median = statistics.median(samples)
     return {"devices": n, "mode": config.device_concurrency(), "steps": steps,
             "first_call_s": first, "median_s": median, "min_s": min(samples),
             "max_s": max(samples), "spread": (max(samples) - min(samples)) / median,
             "steps_per_s": 1.0 / median, "compute_s": compute, "collective_s": collective,
-            "collective_share": collective / ((compute + collective) or 1.0)}
+            "collective_share": collective / ((compute + collective) or 1.0),
+            "exposed_s": report["exposed_s"], "exposed_fraction": report["exposed_fraction"]}
+
+
+def format_overlap_table(rows: list[dict], title: str = "") -> str:
+    """benchmark() rows with overlap on and off (`graphdist bench --overlap`): per device
+    count, the step's median and the profiled step's compute, collective and exposed
+    collective time (the collective time no compute covered)."""
+    header = ["devices", "overlap", "median ms", "compute ms", "collective ms", "exposed ms",
+              "exposed"]
+    cells = [header] + [[str(r["devices"]), "on" if r["overlap"] else "off",
+                         f"{r['median_s'] * 1e3:.3f}", f"{r['compute_s'] * 1e3:.3f}",
+                         f"{r['collective_s'] * 1e3:.3f}", f"{r['exposed_s'] * 1e3:.3f}",
+                         f"{r['exposed_fraction']:.0%}"] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = [title] if title else []
+    lines += ["  ".join(h.rjust(w) for h, w in zip(header, widths)),
+              "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells[1:]]
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict], title: str = "") -> str:

@@ -171,7 +171,8 @@ def _bench(args) -> int:
     --list run the project's own suite instead."""
     import json
 
-    from graphdist.benchmark import BuilderError, benchmark, format_table
+    from graphdist.benchmark import (BuilderError, benchmark, format_overlap_table,
+                                     format_table)
 
     if args.suite is not None or args.list:
         return _suite(args)
@@ -182,12 +183,21 @@ def _bench(args) -> int:
         print(f"graphdist bench: expected MODULE:BUILDER, got {args.target!r} (the project's "
               "own benchmarks run with graphdist bench --suite [NAME ...])", file=sys.stderr)
         return 2
+    settings = (True, False) if args.overlap else (None,)
     try:
-        rows = benchmark(_load(args.target, "bench", "BUILDER"), args.devices, args.steps,
-                         args.mode, progress=True)
+        builder = _load(args.target, "bench", "BUILDER")
+        rows = [row for on in settings for row in benchmark(
+            builder, args.devices, args.steps, args.mode, progress=True, overlap=on)]
     except BuilderError as e:
         print(f"graphdist bench: {e}", file=sys.stderr)
         return 2
+    if args.overlap:
+        rows.sort(key=lambda r: (r["devices"], not r["overlap"]))
+        print(json.dumps(rows, indent=2) if args.json else format_overlap_table(rows, (
+            f"graphdist bench {args.target} --overlap: {args.steps} timed calls per device "
+            "count and setting (gd.config.set_overlap); compute, collective and exposed "
+            "(collective time no compute covered): one profiled call (gd.profile_report)")))
+        return 0
     print(json.dumps(rows, indent=2) if args.json else format_table(rows, (
         f"graphdist bench {args.target}: {args.steps} timed calls per device count after the "
         f"first and 2 warm-up calls, mode {rows[0]['mode']}\ncompute and collective: one "
@@ -446,6 +456,10 @@ def main(argv=None) -> int:
     bench.add_argument("--mode", choices=("auto", "sequential", "threads", "merged"),
                        default=None, help="gd.config.set_device_concurrency for the run")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--overlap", action="store_true",
+                       help="time each device count with overlap on and off "
+                            "(gd.config.set_overlap): compute, collective and exposed "
+                            "collective time per step")
     bench.add_argument("--suite", nargs="*", default=None, metavar="NAME",
                        help="run the project's benchmarks in bench/ instead (default: all; "
                             "from a source checkout; see python -m bench --help)")

@@ -148,14 +148,17 @@ def test_cli_show_stages_prints_the_graph_after_every_stage(capsys):
     target = "graphdist.examples.mlp_digits:traced_step"
     assert main(["show", target, "--devices", "2", "--stages"]) == 0
     out = capsys.readouterr().out
+    # overlap (the default) splits each all-reduce instead of fusing it into the update
     order = ["trace", "dce", "cse", "simplify", "fuse_optimizer", "replicate",
-             "lower_collectives", "fuse_reduce_update", "schedule"]
+             "lower_collectives", "overlap", "schedule"]
     positions = [out.index(f"==== after {name}:") for name in order]
     assert positions == sorted(positions)
     replicated = out[out.index("==== after replicate:"):out.index("==== after lower_coll")]
-    lowered = out[out.index("==== after lower_collectives:"):out.index("==== after fuse_red")]
+    lowered = out[out.index("==== after lower_collectives:"):out.index("==== after overlap")]
+    split = out[out.index("==== after overlap:"):out.index("==== after schedule")]
     assert "all_reduce" in replicated and "host_all_reduce" not in replicated
     assert "host_all_reduce" in lowered
+    assert "host_all_reduce_start" in split and "collective_wait" in split
     assert main(["show", target, "--devices", "2", "--stage", "replicate"]) == 0
     one = capsys.readouterr().out
     assert one.count("==== after") == 1 and "on cpu:0,cpu:1" in one

@@ -203,3 +203,49 @@ def test_two_mpi_workers_overlapped_equal_inline_bit_for_bit(tmp_path):
         row = report["profile"]["steps"][0]
         assert 0 < row["collective_s"] and 0 <= row["exposed_s"] <= row["collective_s"]
     assert reports[0]["mlp_on"] == reports[1]["mlp_on"]   # every worker has the same bits
+
+
+BUILDER = '''
+import numpy as np
+import graphdist as gd
+
+
+def build(n):
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(n)])
+    strategy.bucket_bytes = 4096
+    rng = np.random.default_rng(0)
+    with strategy.scope():
+        ws = [gd.Variable((rng.standard_normal((32, 32)) * 0.1).astype(np.float32))
+              for _ in range(3)]
+        opt = gd.optimizers.SGD(0.01)
+
+    @gd.function
+    def step(x):
+        def fn(x):
+            with gd.GradientTape() as tape:
+                h = x
+                for w in ws:
+                    h = gd.tanh(h @ w)
+                loss = gd.reduce_mean(h * h)
+            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+            return loss
+        return strategy.reduce("mean", strategy.run(fn, args=(x,)))
+    x = rng.standard_normal((8 * n, 32)).astype(np.float32)
+    return step, (next(iter(strategy.experimental_distribute_dataset([x]))),)
+'''
+
+
+def test_bench_overlap_reports_both_settings_per_device_count(tmp_path, monkeypatch, capsys):
+    from graphdist.cli import main
+
+    (tmp_path / "overlap_builder.py").write_text(BUILDER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["bench", "overlap_builder:build", "--devices", "2", "--steps", "2",
+                 "--overlap", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["devices"], r["overlap"]) for r in rows] == [(2, True), (2, False)]
+    for r in rows:
+        assert 0 <= r["exposed_s"] <= r["collective_s"] + 1e-9 and r["compute_s"] > 0
+    off = rows[1]                 # inline: nothing runs beside a collective
+    assert off["exposed_fraction"] == pytest.approx(1.0)
+    assert gd.config.overlap()    # the setting is restored
