@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from bench.common import interleaved, save, table
-from graphdist.kernels.conv import conv_direct_cpu
+from graphdist.kernels.conv import bias_act_cpu, conv_direct_cpu
 from graphdist.ops import OPS, conv
 from graphdist.runtime.adapters.nn import conv2d_backprop_input_cpu
 
@@ -90,8 +90,11 @@ def epilogue_rows(batch: int, repeat: int) -> list:
             OPS["relu"].out_impl(np, y, z)
 
         forms = {"conv + bias add + relu: three ops": three_ops,
-                 "blocked im2col + GEMM, bias + relu fused": functools.partial(
-                     conv.conv2d_bias_act_out, np, fused, x, f, b, True, **P)}
+                 "blocked im2col + GEMM, bias + relu fused (numpy)": functools.partial(
+                     conv.conv2d_bias_act_out, np, fused, x, f, b, True, **P),
+                 "blocked im2col + GEMM, bias + relu fused (Numba pass)": functools.partial(
+                     conv.conv2d_bias_act_out, np, fused, x, f, b, True, **P,
+                     epilogue=bias_act_cpu)}
         if c < conv.FEW_CHANNELS:
             forms["direct kernel, bias + relu fused"] = functools.partial(
                 conv_direct_cpu, x, f, fused, (1, 1), (1, 1), (0, 0), b, True)

@@ -117,8 +117,8 @@ def _conv_direct(x, f, bias, relu, out, sh, sw, dh, dw, top, left):
                     row = rows[j]
                     for k in range(o):
                         v = row[k]
-                        if v < 0:            # np.maximum(v, 0): -0.0 and NaN stay
-                            row[k] = 0
+                        if v <= 0:           # np.maximum(v, 0)'s bits: -0.0 -> 0.0,
+                            row[k] = 0       # NaN stays
 
 
 def conv_direct_cpu(x, f, out, strides, dilations, pads, bias=None, relu=False) -> None:
@@ -129,3 +129,27 @@ def conv_direct_cpu(x, f, out, strides, dilations, pads, bias=None, relu=False) 
     with threads_for(x.nbytes + out.nbytes):
         _conv_direct(x, f, bias, bool(relu), out, strides[0], strides[1], dilations[0],
                      dilations[1], pads[0], pads[1])
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _bias_act(rows, bias, relu):
+    n, o = rows.shape
+    for r in prange(n):
+        row = rows[r]
+        if bias.shape[0]:                    # none: no add (-0.0 + 0.0 would be +0.0)
+            for k in range(o):
+                row[k] += bias[k]
+        if relu:
+            for k in range(o):
+                if row[k] <= 0:              # np.maximum(v, 0)'s bits: -0.0 -> 0.0,
+                    row[k] = 0               # NaN stays
+
+
+def bias_act_cpu(rows, bias, relu) -> None:
+    """rows[...] = rows + bias, then np.maximum(., 0) when `relu`: one parallel pass (numpy:
+    a broadcast add and a maximum, two single-threaded passes; for the tutorial's 22 MB
+    first activation 1.2 + 1.6 ms on 2 cores). rows (R, O) C-contiguous; the same bits as
+    numpy's two passes. bias None: relu alone."""
+    bias = np.zeros(0, rows.dtype) if bias is None else bias
+    with threads_for(rows.nbytes):
+        _bias_act(rows, bias, bool(relu))

@@ -120,28 +120,36 @@ def _conv2d_out(xp, out, x, f, *, strides, padding, dilations):
 EPILOGUE_BYTES = 4 << 20
 
 
+def bias_act_numpy(xp, rows, bias, relu):
+    """rows += bias, then relu (np.maximum(., 0)) in place: the epilogue's numpy form, the
+    twin of kernels/conv.py bias_act_cpu (same bits)."""
+    if bias is not None:
+        # the bias repeated along an output row: numpy's broadcast add over O-long inner
+        # runs costs a loop per position; over longer runs it streams
+        reps = max(k for k in range(1, 33) if rows.shape[0] % k == 0)
+        rows.reshape(-1, reps * bias.size)[...] += xp.tile(bias, reps)
+    if relu:
+        xp.maximum(rows, 0, out=rows)
+
+
 def conv2d_bias_act_out(xp, out, x, f, bias=None, relu=False, *, strides, padding,
-                        dilations):
+                        dilations, epilogue=None):
     """out[...] = conv2d(x, f) (+ bias) (then relu, np.maximum(., 0)), the epilogue fused
-    into the output pass: per block of images, im2col, one GEMM into out's rows, then the
-    bias and relu on those rows while they are in cache. The form a conv + bias + relu
-    chain runs as; plain numpy, so it is its own cold-start twin."""
+    into the output pass: per block of images, im2col, one GEMM into out's rows, then
+    `epilogue(rows, bias, relu)` on those rows while they are in cache (default numpy's
+    bias_act_numpy; the CPU kernel: kernels/conv.py bias_act_cpu, one parallel pass, same
+    bits). The form a conv + bias + relu chain runs as."""
+    epilogue = epilogue or functools.partial(bias_act_numpy, xp)
     out_hw, pads = window_geometry("conv2d", x.shape[1:3], f.shape[:2], strides, dilations,
                                    padding, "")
     o = f.shape[3]
     per_image = out_hw[0] * out_hw[1] * (f[..., 0].size + o) * x.itemsize
-    # the bias repeated along an output row: numpy's broadcast add over O-long inner runs
-    # costs a loop per position (1.5 ms for the tutorial's 22 MB activation, about twice
-    # a copy of it); over OW*O-long runs it streams
-    line = None if bias is None else xp.tile(bias, out_hw[1])
     for part in _image_chunks(x.shape[0], per_image, EPILOGUE_BYTES):
         rows = out[part].reshape(-1, o)
         cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads)
         xp.matmul(cols, f.reshape(-1, o), out=rows)
-        if line is not None:
-            out[part].reshape(-1, line.size)[...] += line
-        if relu:
-            xp.maximum(rows, 0, out=rows)
+        if bias is not None or relu:
+            epilogue(rows, bias, relu)
 
 
 @conv2d_p.def_impl

@@ -65,9 +65,9 @@ def test_direct_conv_matches_definition_op_and_twin(case, epilogue, dtype):
     assert np.array_equal(got, twin)
 
 
-def test_direct_conv_relu_keeps_nan_and_negative_zero_as_numpy():
-    """relu in the epilogue is np.maximum(., 0): a NaN stays NaN (not 0), as in the
-    unfused relu op, and the twin gives the same bits."""
+def test_direct_conv_relu_treats_nan_as_numpy():
+    """relu in the epilogue is np.maximum(., 0): a NaN stays NaN (not 0) and -0.0 becomes
+    0.0, as in the unfused relu op, and the twin gives the same bits."""
     x = np.zeros((1, 4, 4, 1), np.float32)
     x[0, 1, 1, 0] = np.nan
     f = np.ones((3, 3, 1, 2), np.float32)
@@ -112,3 +112,44 @@ def test_blocked_im2col_with_fused_epilogue(case, epilogue, monkeypatch):
     tol = 1e-5 * np.sqrt(f[..., 0].size)           # float32 sums of KH*KW*C products
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     np.testing.assert_allclose(got, unfused, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bias_act_kernel_gives_numpys_bits(with_bias, relu):
+    """kernels/conv.py bias_act_cpu against ops/conv.py bias_act_numpy (its twin) and the
+    unfused add and relu ops, NaN, infinities and -0.0 included."""
+    from graphdist.kernels.conv import bias_act_cpu
+    from graphdist.ops.conv import bias_act_numpy
+
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal((3 * 26 * 26, 32)).astype(np.float32)
+    y[0, :4] = [np.nan, -0.0, np.inf, -np.inf]
+    bias = rng.standard_normal(32).astype(np.float32) if with_bias else None
+    if with_bias:
+        bias[1] = 0.0
+    want = OPS["add"].impl(np, y, bias) if with_bias else y.copy()
+    want = OPS["relu"].impl(np, want) if relu else want
+    got, twin = y.copy(), y.copy()
+    bias_act_cpu(got, bias, relu)
+    bias_act_numpy(np, twin, bias, relu)
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    assert np.array_equal(twin.view(np.int32), want.view(np.int32))
+
+
+def test_blocked_conv_with_the_kernel_epilogue_gives_the_numpy_forms_bits(monkeypatch):
+    from graphdist.kernels.conv import bias_act_cpu
+    from graphdist.ops import conv
+
+    monkeypatch.setattr(conv, "EPILOGUE_BYTES", 64 << 10)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((12, 28, 28, 1)).astype(np.float32)
+    f = rng.standard_normal((3, 3, 1, 32)).astype(np.float32)
+    bias = rng.standard_normal(32).astype(np.float32)
+    got, twin = (np.empty((12, 26, 26, 32), np.float32) for _ in range(2))
+    p = {"strides": (1, 1), "padding": "VALID", "dilations": (1, 1)}
+    conv.conv2d_bias_act_out(np, got, x, f, bias, True, **p, epilogue=bias_act_cpu)
+    conv.conv2d_bias_act_out(np, twin, x, f, bias, True, **p)
+    assert np.array_equal(got, twin)
+    want, _ = conv_float64(x, f, (1, 1), (1, 1), "VALID")
+    np.testing.assert_allclose(got, np.maximum(want + bias, 0), rtol=1e-5, atol=1e-5)
