@@ -173,10 +173,10 @@ class Graph:
 
         return to_dot(self)
 
-    def to_html(self, path) -> str:
+    def to_html(self, path, profile: dict | None = None) -> str:
         from graphdist.viz.html import to_html
 
-        return to_html(self, path)
+        return to_html(self, path, profile)
 
     def summary(self) -> str:
         from graphdist.viz.summary import summary

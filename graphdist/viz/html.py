@@ -33,8 +33,10 @@ class _Table:
         return k
 
 
-def page_data(g, title: str | None = None) -> dict:
-    """The JSON the page draws: nodes, groups and edges as parallel arrays."""
+def page_data(g, title: str | None = None, profile: dict | None = None) -> dict:
+    """The JSON the page draws: nodes, groups and edges as parallel arrays. `profile`: a
+    Chrome trace of this graph's step (`f.profile`): each collective node gets the
+    collective time no compute covered (`exposed_ms`), which the page marks."""
     view = read(g)
     lay = layout(view)
     strings = _Table()
@@ -76,7 +78,20 @@ def page_data(g, title: str | None = None) -> dict:
                      f"{count} collective{'s' if count != 1 else ''} ({members} nodes) · "
                      f"{human_bytes(moved)} moved")
     data["banner"] = g.mode_note()
+    if profile is not None:
+        exposed = _exposed_ms(profile)
+        data["n"]["exposed"] = [round(exposed.get(n.index, 0.0), 4) for n in nodes]
     return data
+
+
+def _exposed_ms(trace: dict) -> dict:
+    """eqn index -> the largest exposed collective ms of its events (runtime/profile.py)."""
+    out: dict = {}
+    for e in trace.get("traceEvents", ()):
+        args = e.get("args") or {}
+        if e.get("cat") == "collective" and args.get("node") is not None:
+            out[args["node"]] = max(out.get(args["node"], 0.0), args.get("exposed_ms", 0.0))
+    return out
 
 
 def _first_on(node, device) -> str:
@@ -101,24 +116,26 @@ def script_json(data) -> str:
     return json.dumps(data, separators=(",", ":")).translate(_SCRIPT_SAFE)
 
 
-def render(g, title: str | None = None) -> str:
+def render(g, title: str | None = None, profile: dict | None = None) -> str:
     """The page as a string (to_html writes it to a file)."""
-    data = page_data(g, title)
+    data = page_data(g, title, profile)
     blob = script_json(data)
     parts = {"TITLE": html.escape(data["title"]), "CSS": _asset("viewer.css"), "DATA": blob,
              "JS": _asset("viewer.js")}
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _asset("viewer.html"))
 
 
-def to_html(g, path) -> str:
+def to_html(g, path, profile: dict | None = None) -> str:
     """Write `g` as one interactive HTML file (no network needed to view it); returns the path.
+    With `profile` (the trace of `f.profile(...)` for this graph), collectives that left
+    time exposed (not hidden by compute) are outlined in red, their tooltip saying how much.
 
         >>> f.replicated_graph.to_html("step.html")
         'step.html'
     """
     path = os.fspath(path)
     title = f"{os.path.splitext(os.path.basename(path))[0]}: {len(g.eqns)} eqns"
-    text = render(g, title)
+    text = render(g, title, profile)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     return path

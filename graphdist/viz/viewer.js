@@ -182,6 +182,10 @@ window.addEventListener("error", function (ev) {
       ctx.strokeStyle = i === selected ? "#102a43" : k < 0 ? "#4098d7" : LINE[k];
       if (k === K.op && nd.view[i]) ctx.setLineDash([4, 3]);
       ctx.stroke(); ctx.setLineDash([]);
+      if (exposed(i)) {   // a profiled collective that compute did not hide: red outline
+        roundRect(x - 3, y - 3, w + 6, h + 6, 7); ctx.lineWidth = Math.max(lw, 2.5);
+        ctx.strokeStyle = "#d64545"; ctx.stroke();
+      }
       if (detail) {
         var light = k === K.collective || k === K.copy;
         ctx.fillStyle = light ? "#ffffff" : "#102a43"; ctx.font = fonts[0];
@@ -223,6 +227,9 @@ window.addEventListener("error", function (ev) {
     var u = ["", "K", "M", "G", "T", "P"], k = 0;
     while (Math.abs(v) >= 1000 && k < u.length - 1) { v /= 1000; k++; }
     return (k ? v.toFixed(1) : v.toFixed(0)) + u[k];
+  }
+  function exposed(i) {   // ms of a profiled collective no compute covered (page_data)
+    return i < N && nd.exposed ? nd.exposed[i] > 0 : false;
   }
   function fmtB(v) {
     var u = ["B", "KiB", "MiB", "GiB", "TiB"], k = 0;
@@ -320,6 +327,7 @@ window.addEventListener("error", function (ev) {
       "<span class=k>device </span>" + esc(S[nd.dev[i]] || "(not placed)") + (S[nd.scope[i]] ? "  <span class=k>scope </span>" + esc(S[nd.scope[i]]) : "")];
     if (k !== "arg" && k !== "state") rows.push("<span class=k>FLOPs </span>" + fmt(nd.flops[i]) + " (" + nd.flops[i].toLocaleString("en-US") + ")  <span class=k>bytes </span>" + fmtB(nd.bytes[i]));
     if (nd.moved[i]) rows.push("<span class=k>moved across devices </span>" + fmtB(nd.moved[i]));
+    if (exposed(i)) rows.push("<span class=exposed>exposed " + nd.exposed[i].toFixed(3) + " ms</span> <span class=k>(collective time no compute hid)</span>");
     if (ins.length) rows.push("<span class=k>in </span><code>" + ins.slice(0, 12).join(" ") + (ins.length > 12 ? " …" : "") + "</code>");
     rows.push("<span class=k>used by </span>" + succs[i].length + " node" + (succs[i].length === 1 ? "" : "s"));
     if (S[nd.src[i]]) rows.push("<span class=k>source </span><code>" + esc(S[nd.src[i]]) + "</code>");

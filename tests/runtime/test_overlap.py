@@ -249,3 +249,31 @@ def test_bench_overlap_reports_both_settings_per_device_count(tmp_path, monkeypa
     off = rows[1]                 # inline: nothing runs beside a collective
     assert off["exposed_fraction"] == pytest.approx(1.0)
     assert gd.config.overlap()    # the setting is restored
+
+
+def test_html_view_marks_the_collectives_a_profile_found_exposed(overlap_setting, tmp_path):
+    from graphdist.viz.html import page_data
+    from graphdist.viz.model import read
+
+    _, _, step, batch = _mlp(True, steps=1, bucket_bytes=8 * 1024)
+    trace = step.profile(batch)
+    graph = step.replicated_graph
+    want: dict = {}
+    for e in trace["traceEvents"]:
+        if e.get("cat") == "collective":
+            node = e["args"]["node"]
+            want[node] = max(want.get(node, 0.0), e["args"]["exposed_ms"])
+    data = page_data(graph, profile=trace)
+    marked = {}
+    for k, ms in enumerate(data["n"]["exposed"]):
+        if ms > 0:
+            marked[k] = ms
+    index = {k: n.index for k, n in enumerate(read(graph).nodes)}
+    assert marked and {index[k] for k in marked} == {n for n, ms in want.items() if ms > 0}
+    for k, ms in marked.items():
+        assert graph.eqns[index[k]].op is host_all_reduce_start_p
+        assert ms == pytest.approx(want[index[k]], abs=1e-4)
+    page = (tmp_path / "step.html")
+    graph.to_html(page, profile=trace)
+    assert '"exposed":[' in page.read_text() and "nd.exposed" in page.read_text()
+    assert "exposed" not in page_data(graph)["n"]        # no profile, no marking
