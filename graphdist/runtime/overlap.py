@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -68,12 +69,15 @@ class CommWorker:
 
     def __init__(self):
         self._pool = None
+        self._pid = None
         self._lock = threading.Lock()
 
     def submit(self, fn):
         with self._lock:
-            if self._pool is None:
+            # a forked child has the parent's pool but not its thread: it starts its own
+            if self._pool is None or self._pid != os.getpid():
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="graphdist-comm")
+                self._pid = os.getpid()
         return self._pool.submit(fn)
 
 
