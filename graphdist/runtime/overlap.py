@@ -228,8 +228,9 @@ def _make_start(name: str) -> Op:
 host_all_reduce_start_p = _make_start("host_all_reduce_start")
 mpi_all_reduce_start_p = _make_start("mpi_all_reduce_start")
 START_OF = {host_all_reduce_p: host_all_reduce_start_p, mpi_all_reduce_p: mpi_all_reduce_start_p}
-collective_wait_p = Op("collective_wait", num_outputs=None, differentiable=False,
-                       stateful=True)
+# a collective too: it hands every replica's buffer its result
+collective_wait_p = Op("collective_wait", collective=True, num_outputs=None,
+                       differentiable=False, stateful=True)
 collective_wait_p.def_shape(_wait_shape)
 collective_wait_p.def_impl(_wait_impl)
 collective_wait_p.def_cost(lambda ins, outs, **_: (0, 0))
@@ -328,8 +329,8 @@ def _place_waits(eqns: list, waits: dict) -> list:
     out, pending = [], []          # pending: (wait, the Vars it makes)
     for eqn in eqns:
         reads = {v for v in eqn.inputs if isinstance(v, Var)}
-        due = [w for w, made in pending if eqn.op.collective and not is_start(eqn.op)
-               or made & reads]
+        inline = eqn.op.collective and not is_start(eqn.op) and eqn.op is not collective_wait_p
+        due = [w for w, made in pending if inline or made & reads]
         for w in due:
             out.append(w)
         pending = [(w, made) for w, made in pending if w not in due]

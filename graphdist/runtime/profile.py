@@ -87,9 +87,9 @@ def chrome_trace(executable, name: str = "step", steps=()) -> dict:
 
 
 def _category(eqn) -> str:
-    if is_start(eqn.op) or eqn.op.collective:
-        return "collective"
-    return "wait" if eqn.op is collective_wait_p else "compute"
+    if eqn.op is collective_wait_p:
+        return "wait"
+    return "collective" if is_start(eqn.op) or eqn.op.collective else "compute"
 
 
 def _devices_of(eqn, lanes: dict, executable) -> list:

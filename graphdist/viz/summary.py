@@ -79,7 +79,8 @@ def memory_bytes(g: Graph) -> dict:
         # an all-reduce split to overlap the compute (runtime/overlap.py): its start and
         # its wait share a channel, and the wait's outputs are the reduced values
         channel = dict(eqn.params).get("channel")
-        split = getattr(channel, "collective", None) in reducing and not eqn.op.collective
+        split = getattr(channel, "collective", None) in reducing and \
+            tuple(v.ty for v in eqn.outputs) == tuple(channel.out_types)   # not the start
         if eqn.op in reducing or split:
             for v in eqn.outputs:
                 add(v.device if v.device is not None else eqn.device, "gradients", v.ty.nbytes)

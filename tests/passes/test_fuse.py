@@ -11,6 +11,16 @@ from graphdist.passes.fuse import fuse_optimizer
 
 
 @pytest.fixture(autouse=True)
+def _inline_collectives():
+    """These tests are about the fused all-reduce + update, which runs where the collectives
+    are not overlapped (gd.config.set_overlap(False); tests/runtime/test_overlap.py covers
+    overlap)."""
+    gd.config.set_overlap(False)
+    yield
+    gd.config.set_overlap(True)
+
+
+@pytest.fixture(autouse=True)
 def _restore_fused_setting():
     yield
     gd.config.set_fused_kernels(True)

@@ -197,7 +197,7 @@ def test_html_is_self_contained_and_shows_every_lane(step, tmp_path):
     kinds = {data["kinds"][k] for k in data["n"]["kind"]}
     assert "collective" in kinds
     ops = {data["strings"][k] for k in data["n"]["op"]}
-    assert "host_all_reduce" in ops
+    assert "host_all_reduce_start" in ops and "collective_wait" in ops     # overlapped
     lanes_used = set(data["item"]["lane"][: data["nodes"]])
     assert lanes_used == set(range(len(g.devices)))
 
