@@ -608,9 +608,6 @@ def scan(f, init, xs=None, length=None, reverse=False):
     n_c_out = _count(c_out_tree)
     _check_same("scan", name, _types(out[:n_c_out]), c_out_tree, "init", _types(c_vars),
                 c_tree)
-    found = holds_collective(tb.graph)
-    if tracer.strategy is not None and found is not None:
-        return _unrolled_scan(f, init, xs, x_tree, length, reverse)
     assigned = list(tb.assigned)
     carried = [tb.entry[v] for v in assigned]
     consts = [v for v in tb.captured if v not in carried]
@@ -668,22 +665,6 @@ def _eager_scan(f, init, xs, x_leaves, x_tree, length, reverse):
     if reverse:
         ys.reverse()
     return carry, _stack_trees(ys, n, f)
-
-
-def _unrolled_scan(f, init, xs, x_tree, length, reverse):
-    """A scan whose body holds a collective, under a strategy: unrolled at trace time (every
-    replica runs the same collectives, in order)."""
-    from graphdist.ops.array import getitem
-
-    x_leaves = pytree.flatten(xs)[0] if xs is not None else []
-    carry, ys = init, []
-    for i in (range(length - 1, -1, -1) if reverse else range(length)):
-        x = None if xs is None else pytree.unflatten(x_tree, [getitem(a, i) for a in x_leaves])
-        carry, y = f(carry, x)
-        ys.append(y)
-    if reverse:
-        ys.reverse()
-    return carry, _stack_trees(ys, length, f)
 
 
 def _stack_trees(ys, n, f):

@@ -34,7 +34,8 @@ from graphdist.ir import ArrayType, Graph, Lit, Replication, Var
 from graphdist.ops.array import (Const, broadcast_p as broadcast_to_p, concat_p, constant_p,
                                  getitem_p, reshape_p, transpose_p)
 from graphdist.ops.collectives import all_reduce_p, broadcast_p, replica_id_p
-from graphdist.ops.control_flow import cond_p, graph_cost, holds_collective, while_p
+from graphdist.ops.control_flow import (cond_p, graph_cost, holds_collective, scan_p,
+                                         while_p)
 from graphdist.ops.math import div_p, matmul_p, mul_p, sum_p, where_p
 from graphdist.ir.bodies import bodies
 from graphdist.ops.state import assign_p, read_p
@@ -201,7 +202,8 @@ class _Merge:
         bx, op, params = self.bx, eqn.op, dict(eqn.params)
         if op.collective:
             return (self.collective(eqn, ins[0]),)
-        if op is while_p and any(holds_collective(g) is not None for g in bodies(eqn)):
+        if op in (while_p, scan_p) and any(holds_collective(g) is not None
+                                           for g in bodies(eqn)):
             return self.lockstep_loop(eqn, ins)
         if op is replica_id_p:
             return bx.add(constant_p, batched=True,
@@ -244,34 +246,42 @@ class _Merge:
 
     # ------------------------------------------------------------ loops in lock step
     def lockstep_loop(self, eqn, ins) -> tuple:
-        """A while_loop whose body holds a collective (its trip count the same on every
-        replica, as the tracer checked): one loop over merged values, its body and
+        """A while_loop or scan whose body holds a collective (its trip count the same on
+        every replica, as the tracer checked): one loop over merged values, its body and
         predicate merged like the step (a carry is batched when it enters batched or the
-        body makes it so; the collectives become reductions over the replica axis)."""
+        body makes it so; the collectives become reductions over the replica axis). A
+        scan's batched xs and ys keep the replica axis second, behind the scanned one."""
         params = dict(eqn.params)
-        nc = params["num_carry"]
+        nc, bx = params["num_carry"], self.bx
         if params["history"]:
-            raise CannotMerge("a while_loop holding a collective keeps its history")
-        flags = [self.bx.batched(v) for v in ins]
+            raise CannotMerge(f"a {eqn.op} holding a collective keeps its history")
+        flags = [bx.batched(v) for v in ins]
         while True:
-            body, out_flags = self.merged_body(params["body"], flags)
+            body, out_flags = self.merged_body(params["body"], flags, flags[:nc])
             grown = [a or b for a, b in zip(flags[:nc], out_flags)]
             if grown == flags[:nc]:
                 break
             flags[:nc] = grown
-        cond, (pred_batched,) = self.merged_body(params["cond"], flags)
-        if pred_batched:
-            raise CannotMerge("a while_loop holding a collective has a per-replica predicate")
-        ins = [self.bx.stacked(v) if f and not self.bx.batched(v) else v
-               for v, f in zip(ins, flags)]
-        outs = self.bx.add(while_p, *ins, batched=False,
-                           **{**params, "body": body, "cond": cond})
-        self.bx.batched_vars.update(v for v, f in zip(outs, flags) if f)
-        return outs
+        new = {"body": body}
+        if eqn.op is while_p:
+            new["cond"], (pred_batched,) = self.merged_body(params["cond"], flags, [])
+            if pred_batched:
+                raise CannotMerge("a while_loop holding a collective has a per-replica "
+                                  "predicate")
+        ins = [bx.stacked(v) if f and not bx.batched(v) else v for v, f in zip(ins, flags)]
+        xs = range(nc, nc + params.get("num_xs", 0))
+        ins = [_swap01(bx, v) if k in xs and flags[k] else v for k, v in enumerate(ins)]
+        outs = list(bx.add(eqn.op, *ins, batched=False, **{**params, **new}))
+        out_flags = flags[:nc] + out_flags[nc:]
+        outs = [_swap01(bx, v) if f and k >= nc else v      # a scan's ys: (T, N, ...)
+                for k, (v, f) in enumerate(zip(outs, out_flags))]
+        bx.batched_vars.update(v for v, f in zip(outs, out_flags) if f)
+        return tuple(outs)
 
-    def merged_body(self, g: Graph, flags: list):
+    def merged_body(self, g: Graph, flags: list, carried: list):
         """Body `g` merged, its inputs batched where `flags` say: (graph, which outputs
-        are batched). Outputs keep the inputs' batching where they are carried on."""
+        are batched). Output k < len(carried) is batched where carried[k] is (the carry
+        keeps its batching from one iteration to the next)."""
         sub = _Merge(g, self.devices, frozenset())
         inputs = []
         for v, batched in zip(g.inputs, flags):
@@ -287,8 +297,8 @@ class _Merge:
             sub.env.update(zip(e.outputs, outs))
         outs = [sub.env.get(v, v) if isinstance(v, Var) else v for v in g.outputs]
         out_flags = [sub.bx.batched(v) for v in outs]
-        outs = [sub.bx.stacked(v) if k < len(flags) and flags[k] and not sub.bx.batched(v)
-                else v for k, v in enumerate(outs)]
+        outs = [sub.bx.stacked(v) if k < len(carried) and carried[k] else v
+                for k, v in enumerate(outs)]
         merged = Graph(inputs=tuple(inputs), eqns=tuple(sub.bx.builder.eqns),
                        outputs=tuple(outs))
         return eliminate_dead_code(merged), out_flags
@@ -354,6 +364,13 @@ class _Merge:
         ys = bx.add1(reshape_p, y, shape=(rows, b.ty.shape[1]), batched=False)
         xt = bx.add1(transpose_p, xs, perm=(1, 0))
         return bx.add1(matmul_p, xt, ys)
+
+
+def _swap01(bx: Batcher, v) -> Var:
+    """v with its first two axes swapped: a batched scan operand (N, T, ...) as the scan
+    reads it (T, N, ...), and a merged scan's ys back."""
+    perm = (1, 0) + tuple(range(2, v.ty.ndim))
+    return bx.add1(transpose_p, v, perm=perm, batched=False)
 
 
 def _lit(value, dtype) -> Lit:
