@@ -33,9 +33,10 @@ __all__ = ["COLLECTIVES", "LOWERINGS", "Lowering", "Pricing", "copy_to", "finish
 def lower_collectives(g: Graph, cross_device_ops) -> Graph:
     """Replace every N-way collective node of a replicated graph by its lowering."""
     memo: dict = {}      # a loop run in lock step holds N-way nodes in its body too
-    g = g.replace(eqns=tuple(
-        map_bodies(e, lambda body: lower_collectives(body, cross_device_ops), memo)
-        for e in g.eqns))
+    eqns = tuple(map_bodies(e, lambda body: lower_collectives(body, cross_device_ops), memo)
+                 for e in g.eqns)
+    if any(new is not old for new, old in zip(eqns, g.eqns)):
+        g = g.replace(eqns=eqns)
     if not any(e.op in _EMIT for e in g.eqns):
         return g
     lowering = lowering_for(cross_device_ops)
