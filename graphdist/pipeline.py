@@ -7,7 +7,7 @@
          merge               opt-in ("merged"): logical CPU replicas as one batched program
       -> lower_collectives   each N-way collective becomes what runs (passes/collectives)
       -> fuse_reduce_update  host all-reduce + every replica's optimizer update, one pass
-         or overlap          each host/MPI all-reduce a start and a wait (runtime/overlap.py)
+         or overlap          each host/MPI all-reduce a start and a wait (passes/overlap.py)
       -> schedule            order and buffer liveness
       => Plan: the placed graph and how the runtime issues it
 
@@ -32,8 +32,8 @@ from graphdist.passes.collectives import lower_collectives, lowering_for
 from graphdist.passes.core import Stage
 from graphdist.passes.fuse import fuse_optimizer, fuse_reduce_update
 from graphdist.passes.merge import CannotMerge, merge_replicas
+from graphdist.passes.overlap import overlap_collectives
 from graphdist.passes.replicate import replicate
-from graphdist.runtime.overlap import overlap_collectives
 from graphdist.passes.simplify import simplify
 
 # how a placed graph is issued: one device; per-device copies in one program or one thread
@@ -142,7 +142,7 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
     # the fused node reads every replica's buffers in one pass: devices in host memory run
     # as one program, where all of them are at hand
     host = all(b.shares_host_memory for b in kind_backends(devices))
-    # overlap (runtime/overlap.py) runs each bucket's all-reduce apart, on the program's
+    # overlap (passes/overlap.py) runs each bucket's all-reduce apart, on the program's
     # communication thread, instead of fusing it into the update that comes last
     overlap = config.overlap() and mode == "sequential" and host
     if config.fused_kernels() and mode == "sequential" and host and not overlap:
