@@ -184,7 +184,8 @@ def test_every_collective_equals_numpy_in_the_lowerings_order(name, n, dtype):
             assert x.tobytes() == y.tobytes()
 
 
-def test_host_lowers_each_collective_to_one_fused_node():
+def test_host_lowers_each_collective_to_one_fused_node(monkeypatch):
+    monkeypatch.setitem(gd.config._state, "overlap", False)     # the inline nodes
     n = 3
     strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(n)],
                                    cross_device_ops=cdo.HostAllReduce())
