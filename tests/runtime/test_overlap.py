@@ -131,7 +131,8 @@ def test_buckets_start_last_first_and_wait_before_their_first_reader(overlap_set
     _, _, step, batch = _mlp(True, steps=1, bucket_bytes=8 * 1024)
     g = _lowered(step, batch)
     eqns = list(g.eqns)
-    starts = [i for i, e in enumerate(eqns) if e.op is host_all_reduce_start_p and e.inputs[0].ty.size > 1]
+    starts = [i for i, e in enumerate(eqns)            # the buckets (the loss is 1 number)
+              if e.op is host_all_reduce_start_p and e.inputs[0].ty.size > 1]
     sizes = [eqns[i].inputs[0].ty.size for i in starts]
     # reverse forward order, as each bucket's last gradient comes out of the backward pass
     assert sizes == [64 + 64 * 10 + 10, 64 * 64, 64, 32 * 64]
@@ -143,7 +144,9 @@ def test_buckets_start_last_first_and_wait_before_their_first_reader(overlap_set
                  and e.attrs["channel"] is channel)
         results = set(eqns[w].outputs)
         first_reader = next(k for k, e in enumerate(eqns) if results & set(e.inputs))
-        assert i < w == first_reader - 1 or i < w < first_reader
+        # just before it: only other waits due there in between
+        assert i < w < first_reader
+        assert all(eqns[k].op is collective_wait_p for k in range(w, first_reader))
 
 
 def test_profile_has_a_collective_lane_per_device_with_the_thread_times(overlap_setting):
@@ -277,3 +280,4 @@ def test_html_view_marks_the_collectives_a_profile_found_exposed(overlap_setting
     graph.to_html(page, profile=trace)
     assert '"exposed":[' in page.read_text() and "nd.exposed" in page.read_text()
     assert "exposed" not in page_data(graph)["n"]        # no profile, no marking
+
