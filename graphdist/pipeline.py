@@ -6,8 +6,10 @@
          replicate           one copy per device, each collective one N-way node; or
          merge               opt-in ("merged"): logical CPU replicas as one batched program
       -> lower_collectives   each N-way collective becomes what runs (passes/collectives)
-      -> fuse_reduce_update  host all-reduce + every replica's optimizer update, one pass
-         or overlap          each host/MPI all-reduce a start and a wait (passes/overlap.py)
+      -> overlap             each host/MPI all-reduce with compute left to hide behind a
+                             start and a wait (passes/overlap.py); the last stays inline
+      -> fuse_reduce_update  an inline host all-reduce + every replica's optimizer update,
+                             one pass
       -> schedule            order and buffer liveness
       => Plan: the placed graph and how the runtime issues it
 
@@ -142,13 +144,13 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
     # the fused node reads every replica's buffers in one pass: devices in host memory run
     # as one program, where all of them are at hand
     host = all(b.shares_host_memory for b in kind_backends(devices))
-    # overlap (passes/overlap.py) runs each bucket's all-reduce apart, on the program's
-    # communication thread, instead of fusing it into the update that comes last
-    overlap = config.overlap() and mode == "sequential" and host
-    if config.fused_kernels() and mode == "sequential" and host and not overlap:
-        passes.append(fuse_reduce_update)
-    if overlap:
+    # overlap (passes/overlap.py) runs each bucket's all-reduce that has compute to hide
+    # behind apart, on the program's communication thread; the others (the last bucket)
+    # stay inline, and fuse_reduce_update folds them into the optimizer's update
+    if config.overlap() and mode == "sequential" and host:
         passes.append(stage("overlap", overlap_collectives))
+    if config.fused_kernels() and mode == "sequential" and host:
+        passes.append(fuse_reduce_update)
     passes.append(schedule)
     return Plan(run_passes(graphs[0], passes, record=stages), mode, stages)
 

@@ -31,14 +31,15 @@ _LAYOUT_OPS = (reshape_p, concat_p)
 def overlap_collectives(g: Graph) -> Graph:
     """Split each host/MPI all-reduce into a start and a wait and schedule them to overlap
     the compute (see the module docstring). A graph without one comes back as it is."""
-    if not any(e.op in SPLIT_OPS for e in g.eqns):
+    worth = _worth_splitting(g.eqns)
+    if not worth:
         return g
     lane = CommLane()
     returned = {v for v in g.outputs[: g.num_results] if isinstance(v, Var)}
-    order = _hoisted_order(g.eqns)
+    order = _hoisted_order(g.eqns, worth)
     starts, waits = [], {}
     for eqn in order:
-        if eqn.op not in SPLIT_OPS:
+        if eqn not in worth:
             starts.append(eqn)
             continue
         start, wait = _split(eqn, lane, returned)
@@ -59,17 +60,66 @@ def _split(eqn, lane: CommLane, returned: set):
     return start, wait
 
 
-def _hoisted_order(eqns) -> list:
+def _worth_splitting(eqns) -> set:
+    """The host/MPI all-reduces that have compute to hide behind: eqns after the last one
+    they read that neither feed them nor follow from any all-reduce (the rest of the
+    backward pass; variable reads and writes do not count), touching at least as many
+    bytes as the all-reduce reads. The last bucket, ready only when the backward pass ends,
+    has none: it stays inline, where fuse_reduce_update can fold it into the optimizer's
+    update (one pass over the gradients instead of two; the MLP on 4 devices ran 10% slower
+    with every bucket split)."""
+    candidates = [i for i, e in enumerate(eqns) if e.op in SPLIT_OPS]
+    if not candidates:
+        return set()
+    producer = {v: i for i, e in enumerate(eqns) for v in e.outputs}
+    inputs = [{producer[v] for v in e.inputs if isinstance(v, Var) and v in producer}
+              for e in eqns]
+    after_any = set(candidates)            # everything an all-reduce's result reaches
+    for i, deps in enumerate(inputs):
+        if deps & after_any:
+            after_any.add(i)
+    worth = set()
+    for c in candidates:
+        before = {c}                       # everything the all-reduce reads, transitively
+        stack = [c]
+        while stack:
+            for j in inputs[stack.pop()]:
+                if j not in before:
+                    before.add(j)
+                    stack.append(j)
+        # hoisted (with the layout ops packing its bucket), the start runs once every
+        # device has made its part of the bucket; what each device still has to compute
+        # then (the devices are interleaved) is what can hide the all-reduce
+        ready: dict = {}
+        for j in before - {c}:
+            if eqns[j].op not in _LAYOUT_OPS:
+                ready[eqns[j].device] = max(ready.get(eqns[j].device, -1), j)
+        hidden = sum(_bytes(eqns[i]) for i in range(len(eqns))
+                     if i > ready.get(eqns[i].device, len(eqns)) and i not in before
+                     and i not in after_any and not eqns[i].op.collective
+                     and not eqns[i].op.stateful and eqns[i].op not in _LAYOUT_OPS)
+        if hidden >= sum(v.ty.nbytes for v in eqns[c].inputs):
+            worth.add(eqns[c])
+    return worth
+
+
+def _bytes(eqn) -> int:
+    """The bytes an eqn touches by its op's cost rule (views and reshapes: none)."""
+    return eqn.op.cost([v.ty for v in eqn.inputs], [v.ty for v in eqn.outputs],
+                       dict(eqn.params))[1]
+
+
+def _hoisted_order(eqns, split: set) -> list:
     """Eqns in an order the data allows: each device's eqns in their own order, the devices
-    interleaved eqn by eqn, and every split collective (with the layout ops that only feed
-    it) as soon as its inputs exist."""
+    interleaved eqn by eqn, and every collective to split (with the layout ops that only
+    feed it) as soon as its inputs exist."""
     producer = {v: i for i, e in enumerate(eqns) for v in e.outputs}
     consumers: dict = collections.defaultdict(set)
     for i, e in enumerate(eqns):
         for v in e.inputs:
             if isinstance(v, Var) and v in producer:
                 consumers[producer[v]].add(i)
-    hoisted = {i for i, e in enumerate(eqns) if e.op in SPLIT_OPS}
+    hoisted = {i for i, e in enumerate(eqns) if e in split}
     for i in range(len(eqns) - 1, -1, -1):      # consumers come after producers
         if eqns[i].op in _LAYOUT_OPS and consumers[i] and consumers[i] <= hoisted:
             hoisted.add(i)
