@@ -20,7 +20,10 @@ import numpy as np
 
 import graphdist as gd
 from graphdist.datasets import load_shakespeare
-from graphdist.examples.gpt_chars import CharData, batches, bigram_loss, windows
+# the GPT example's data handling, training step (each replica's mean loss, averaged
+# gradients) and held-out loss serve any next-character model
+from graphdist.examples.gpt_chars import (CharData, batches, bigram_loss, held_out_loss,
+                                          make_train_step)
 
 
 class CharLSTM(gd.nn.Layer):
@@ -36,38 +39,6 @@ class CharLSTM(gd.nn.Layer):
 
     def call(self, ids, training=False):
         return self.head(self.lstm(self.embed(ids)))
-
-
-def loss_fn(model, x, y):
-    return gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, model(x)))
-
-
-def make_train_step(strategy, model, optimizer):
-    """Each replica's mean loss and gradients; the optimizer averages the gradients over
-    replicas (equal shards: the gradient of the global batch's mean loss)."""
-
-    @gd.function
-    def train_step(batch):
-        def replica_fn(x, y):
-            with gd.GradientTape() as tape:
-                loss = loss_fn(model, x, y)
-            variables = model.trainable_variables
-            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-            return loss
-
-        return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
-
-    return train_step
-
-
-def held_out_loss(model, data: CharData, context: int, windows_: int = 128,
-                  batch_size: int = 64) -> float:
-    """Mean next-character loss (nats) over evenly spaced held-out windows."""
-    evaluate = gd.function(lambda x, y: loss_fn(model, x, y))
-    starts = np.linspace(0, len(data.test) - context - 2, windows_).astype(np.int64)
-    return float(np.mean([float(evaluate(*windows(data.test, starts[i:i + batch_size],
-                                                   context)))
-                          for i in range(0, windows_, batch_size)]))
 
 
 def train(devices: int = 1, steps: int = 300, batch_size: int = 32, context: int = 48,
@@ -95,7 +66,7 @@ def train(devices: int = 1, steps: int = 300, batch_size: int = 32, context: int
               "params": [v.numpy() for v in model.trainable_variables],
               "train_step": train_step}
     if evaluate:
-        result["held_out_loss"] = held_out_loss(model, data, context)
+        result["held_out_loss"] = held_out_loss(model, data, context, windows_=128)
         result["bigram_loss"] = bigram_loss(data)
     return result
 

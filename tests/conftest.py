@@ -22,3 +22,13 @@ def _short_collective_timeout():
     gd.config.set_collective_timeout(5.0)
     yield
     gd.config.set_collective_timeout(old)
+
+
+@pytest.fixture
+def inline_collectives():
+    """Collectives run inline (gd.config.set_overlap(False)), for tests of what runs there:
+    the fused all-reduce + update and the inline collective kernels
+    (tests/runtime/test_overlap.py covers overlap)."""
+    gd.config.set_overlap(False)
+    yield
+    gd.config.set_overlap(True)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from graphdist.datasets import load_shakespeare
-from graphdist.examples import char_lstm
+from graphdist.examples import char_lstm, gpt_chars
 
 TINY = dict(steps=8, batch_size=8, context=16, units=32, embedding=8, evaluate=False)
 
@@ -28,7 +28,7 @@ def test_the_step_runs_the_lstm_as_one_scan_node():
     from graphdist.ops.control_flow import scan_p
 
     result = char_lstm.train(1, **{**TINY, "steps": 1})
-    batch = char_lstm.windows(result["data"].train, np.arange(TINY["batch_size"]), 16)
+    batch = gpt_chars.windows(result["data"].train, np.arange(TINY["batch_size"]), 16)
     g = result["train_step"].get_graph(batch)
     assert [e.op for e in g.eqns].count(scan_p) == 2       # forward and backward
 

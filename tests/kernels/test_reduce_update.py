@@ -15,14 +15,8 @@ from graphdist.ops import OPS
 from graphdist.passes.fuse import fuse_reduce_update
 
 
-@pytest.fixture(autouse=True)
-def _inline_collectives():
-    """These tests are about the fused all-reduce + update, which runs where the collectives
-    are not overlapped (gd.config.set_overlap(False); tests/runtime/test_overlap.py covers
-    overlap)."""
-    gd.config.set_overlap(False)
-    yield
-    gd.config.set_overlap(True)
+# about the fused all-reduce + update, which runs where collectives are inline
+pytestmark = pytest.mark.usefixtures("inline_collectives")
 
 DEVICES = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
 SHAPES = [(300, 7), (5,), (70000,), (1,)]      # 70000 spans two 64K chunks

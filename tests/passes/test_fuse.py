@@ -10,14 +10,8 @@ import graphdist as gd
 from graphdist.passes.fuse import fuse_optimizer
 
 
-@pytest.fixture(autouse=True)
-def _inline_collectives():
-    """These tests are about the fused all-reduce + update, which runs where the collectives
-    are not overlapped (gd.config.set_overlap(False); tests/runtime/test_overlap.py covers
-    overlap)."""
-    gd.config.set_overlap(False)
-    yield
-    gd.config.set_overlap(True)
+# about the fused all-reduce + update, which runs where collectives are inline
+pytestmark = pytest.mark.usefixtures("inline_collectives")
 
 
 @pytest.fixture(autouse=True)

@@ -18,14 +18,8 @@ from graphdist.ir.types import ArrayType
 from graphdist.runtime import kernel_table, warmup
 
 
-@pytest.fixture(autouse=True)
-def _inline_collectives():
-    """These tests are about the fused all-reduce + update, which runs where the collectives
-    are not overlapped (gd.config.set_overlap(False); tests/runtime/test_overlap.py covers
-    overlap)."""
-    gd.config.set_overlap(False)
-    yield
-    gd.config.set_overlap(True)
+# about the fused all-reduce + update, which runs where collectives are inline
+pytestmark = pytest.mark.usefixtures("inline_collectives")
 
 STEPS = 3
 COVERED: set = set()        # the ops whose two forms these tests compared
