@@ -11,10 +11,20 @@
   against the plain step and against the step's compute alone (loss and gradients written
   to per-replica variables, no update, no collective; target: micro-step within 5%).
 
+- the same MLP step at stages 0, 1, 2 on 2 MPI workers x 1 device
+  (MultiWorkerMirroredStrategy(zero_stage=...), bench/zero_rank.py under `mpiexec
+  -bind-to core -n 2`, one BLAS thread per worker as bench/multi_worker.py pins them; the
+  three stages built in the same processes and timed interleaved, the slower rank's time
+  per sample); skipped when mpi4py or mpiexec is missing;
+- the GPT step (bench/models.make_gpt_step, the example's train step) at stages 0, 1, 2
+  on the 4 logical devices: step time, interleaved, and the planner's memory per replica
+  against the same formula.
+
 PyTorch's ZeroRedundancyOptimizer, the peer the issue names, is not run: torch is not
 installed in this environment (the script says so in its output when it is missing).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.zero [--repeat 15]
+        [--parts mlp,mpi,gpt]
 """
 
 from __future__ import annotations
@@ -103,20 +113,17 @@ def peak_rss(stage: int) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def formula(stage: int, activations: int) -> int:
-    params = sum(math.prod(p.shape) for p in init())
+def formula(stage: int, activations: int, params: int | None = None) -> int:
+    """float32 Adam's bytes per replica at `stage` for `params` parameters (the MLP's by
+    default), plus the planner's activations."""
+    if params is None:
+        params = sum(math.prod(p.shape) for p in init())
     per_param = {0: 4 + 4 + 8, 1: 4 + 4 + 8 / N, 2: 4 + (4 + 8) / N}[stage]
     return int(per_param * params + activations)
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.rss_child is not None:
-        _rss_child(args.rss_child)
-        return {}
+def part_mlp(repeat: int) -> tuple[dict, str]:
+    """Memory and step time of the MLP on N logical devices, with the accumulation step."""
     memory, rows = {}, []
     for stage in (0, 1, 2):
         planned = planner_memory(stage)
@@ -139,22 +146,106 @@ def main(argv=None) -> dict:
     steps["micro-step (k=10^6)"] = make(0, accumulation=10**6)
     steps["compute alone"] = make(0, update=False)
     timed = interleaved({name: (lambda sb=sb: sb[0](*sb[1])) for name, sb in steps.items()},
-                        repeat=args.repeat)
+                        repeat=repeat)
     base = timed["stage 0"]["median_s"]
     compute = timed["compute alone"]["median_s"]
     time_rows = [[name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["median_s"] / base,
                   r["median_s"] / compute] for name, r in timed.items()]
     time_text = table(f"step time, global batch {BATCH} on {N} logical CPU devices (median of "
-                      f"{args.repeat}, interleaved; targets: stage 1 within 10% of stage 0, "
+                      f"{repeat}, interleaved; targets: stage 1 within 10% of stage 0, "
                       "micro-step within 5% of compute alone)",
                       ["step", "median ms", "min ms", "vs stage 0", "vs compute alone"],
                       time_rows)
+    return ({"memory": {str(k): v for k, v in memory.items()}, "time": timed},
+            "\n\n".join([mem_text, time_text]))
+
+
+def part_mpi(repeat: int) -> tuple[dict, str]:
+    """The MLP step at stages 0/1/2 on 2 MPI workers x 1 device (bench/zero_rank.py)."""
+    from bench.multi_worker import _env, mpiexec, run
+
+    mpi = mpiexec()
+    if mpi is None:
+        return {}, "mpi4py or mpiexec is missing: the 2-worker stages were not run"
+    r = run([mpi, "-bind-to", "core", "-n", "2", sys.executable, "-m", "bench.zero_rank",
+             "--repeat", str(repeat)], _env(one_thread=True))
+    if r is None:
+        return {}, "the 2-worker run failed (see stderr)"
+    res = r["results"]
+    base = res["stage 0"]["median_s"]
+    rows = [[name, v["median_s"] * 1e3, v["min_s"] * 1e3, v["median_s"] / base,
+             max(abs(a - b) for a, b in zip(v["losses"], res["stage 0"]["losses"]))]
+            for name, v in res.items()]
+    text = table(f"MLP step, global batch {BATCH}, on 2 MPI workers x 1 device, 1 BLAS thread "
+                 f"each, pinned (median of {repeat}, interleaved, the slower rank per sample; "
+                 "target: stage 1 within 10% of stage 0)",
+                 ["step", "median ms", "min ms", "vs stage 0", "loss diff 3 steps"], rows)
+    return r, text
+
+
+def part_gpt(repeat: int) -> tuple[dict, str]:
+    """The GPT step at stages 0/1/2 on N logical devices: planner memory and step time."""
+    from graphdist.viz.summary import stats
+
+    from bench.models import make_gpt_step
+    from bench.peers.gpt_common import gpt_data
+
+    steps, memory, losses = {}, {}, {}
+    for stage in (0, 1, 2):
+        strategy = gd.MirroredStrategy(DEVICES, zero_stage=stage)
+        step, variables = make_gpt_step(strategy)
+        batch = next(iter(strategy.experimental_distribute_dataset([gpt_data()])))
+        losses[stage] = [float(step(batch)) for _ in range(3)]
+        planned = {k: int(v) for k, v in
+                   stats(step.replicated_graph)["memory"][DEVICES[0]].items()}
+        params = sum(math.prod(v.shape) for v in variables)
+        memory[stage] = {**planned, "planner_total_B": sum(planned.values()),
+                         "formula_B": formula(stage, planned["peak activations"], params),
+                         "parameter_count": params}
+        steps[f"stage {stage}"] = (lambda step=step, batch=batch: step(batch))
+    timed = interleaved(steps, repeat=repeat)
+    for stage in (0, 1, 2):
+        timed[f"stage {stage}"]["losses"] = losses[stage]
+    mib = 2**20
+    base = timed["stage 0"]["median_s"]
+    rows = [[stage, m["parameters"] / mib, m["gradients"] / mib, m["optimizer slots"] / mib,
+             m["peak activations"] / mib, m["planner_total_B"] / mib, m["formula_B"] / mib,
+             timed[f"stage {stage}"]["median_s"] * 1e3, timed[f"stage {stage}"]["min_s"] * 1e3,
+             timed[f"stage {stage}"]["median_s"] / base] for stage, m in memory.items()]
+    text = table(f"GPT step (bench/models.make_gpt_step, {memory[0]['parameter_count']} "
+                 f"parameters, Adam) on {N} logical CPU devices: memory per replica (MiB, "
+                 f"planner = g.summary()) and step time (median of {repeat}, interleaved)",
+                 ["stage", "params", "grads", "slots", "activations", "planner total",
+                  "formula", "median ms", "min ms", "vs stage 0"], rows)
+    return {"memory": {str(k): v for k, v in memory.items()}, "time": timed}, text
+
+
+PARTS = {"mlp": part_mlp, "mpi": part_mpi, "gpt": part_gpt}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--parts", default="mlp,mpi,gpt",
+                    help="comma-separated parts to run: mlp (memory, time, accumulation on "
+                         f"{N} devices), mpi (2 MPI workers), gpt (the GPT step)")
+    ap.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.rss_child is not None:
+        _rss_child(args.rss_child)
+        return {}
+    results, texts = {}, []
+    for name in args.parts.split(","):
+        results[name], text = PARTS[name](args.repeat)
+        texts.append(text)
     peer = ("torch is not installed here: PyTorch's ZeroRedundancyOptimizer was not run"
             if importlib.util.find_spec("torch") is None else
             "torch is installed, but the ZeroRedundancyOptimizer peer is not written yet")
-    text = "\n\n".join([mem_text, time_text, peer])
-    print(text)
-    results = {"memory": {str(k): v for k, v in memory.items()}, "time": timed, "peer": peer}
+    text = "\n\n".join([*texts, peer])
+    print(peer)                              # table() printed the parts' tables
+    if "mlp" in results:              # the layout earlier runs saved: memory and time on top
+        results.update(results.pop("mlp"))
+    results["peer"] = peer
     save("zero", {"results": results, "table": text})
     return results
 
