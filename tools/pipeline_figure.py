@@ -109,9 +109,9 @@ def main() -> None:
     arrow(ax, (cx, yb - 0.5), (cx, yl + 0.5))
 
     yf = 3.05
-    box(ax, cx, yf, 4.4, 0.9, "fuse_reduce_update", "host devices: a bucket's all-reduce and every\n"
-        "replica's optimizer update in one pass", PLACED)
-    side(ax, yf, "passes/fuse.py")
+    box(ax, cx, yf, 4.4, 0.9, "overlap, fuse_reduce_update", "host/MPI: early buckets start + wait;\n"
+        "the last all-reduce fused with the update", PLACED)
+    side(ax, yf, "passes/overlap.py,\nfuse.py")
     arrow(ax, (cx, yl - 0.5), (cx, yf + 0.47))
 
     ys = 1.85
