@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import math
 
-import numpy as np
-
 import graphdist as gd
 from graphdist.datasets import load_shakespeare
-# the GPT example's data handling, training step (each replica's mean loss, averaged
-# gradients) and held-out loss serve any next-character model
-from graphdist.examples.gpt_chars import (CharData, batches, bigram_loss, held_out_loss,
-                                          make_train_step)
+# the GPT example's data handling and training loop (each replica's mean loss, averaged
+# gradients, the held-out loss) serve any next-character model
+from graphdist.examples.gpt_chars import CharData, train_model
 
 
 class CharLSTM(gd.nn.Layer):
@@ -47,28 +44,10 @@ def train(devices: int = 1, steps: int = 300, batch_size: int = 32, context: int
     """Train for `steps` steps on `devices` CPU devices; returns the losses, the held-out
     and bigram losses, the trained parameters and the model."""
     data = CharData(load_shakespeare())
-    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)])
-    with strategy.scope():
-        # the initial weights: the strategy's global generator, seeded (the same on any count)
-        gd.random.set_global_generator(gd.random.Generator(seed))
-        model = CharLSTM(data.vocab_size, units, embedding)
-        model(np.zeros((1, context), np.int32))       # build under the strategy
-        optimizer = gd.optimizers.Adam(learning_rate, global_clipnorm=1.0)
-    train_step = make_train_step(strategy, model, optimizer)
-    source = strategy.experimental_distribute_dataset(
-        batches(data.train, batch_size, context, seed))
-    losses = []
-    for step, batch in zip(range(steps), source):
-        losses.append(float(train_step(batch)))
-        if on_step is not None:
-            on_step(step + 1, steps, losses[-1])
-    result = {"loss": losses[-1], "losses": losses, "data": data, "model": model,
-              "params": [v.numpy() for v in model.trainable_variables],
-              "train_step": train_step}
-    if evaluate:
-        result["held_out_loss"] = held_out_loss(model, data, context, windows_=128)
-        result["bigram_loss"] = bigram_loss(data)
-    return result
+    return train_model(gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)]), data,
+                       lambda: CharLSTM(data.vocab_size, units, embedding),
+                       lambda: gd.optimizers.Adam(learning_rate, global_clipnorm=1.0), steps,
+                       batch_size, context, seed, on_step, evaluate, held_out_windows=128)
 
 
 def main(argv=None) -> None:

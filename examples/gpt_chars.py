@@ -181,13 +181,24 @@ def train(devices: int = 1, steps: int = 600, batch_size: int = 32, context: int
     """Train for `steps` steps on `devices` devices of `kind`; returns the final loss, the
     held-out and bigram losses, the trained parameters, the model and the step."""
     data = CharData(load_text() if text is None else text)
-    strategy = make_strategy(devices, kind, workers)
+    return train_model(make_strategy(devices, kind, workers), data,
+                       lambda: GPT(data.vocab_size, context, width, layers, heads),
+                       lambda: make_optimizer(steps, learning_rate), steps, batch_size,
+                       context, seed, on_step, evaluate)
+
+
+def train_model(strategy, data: CharData, make_model, make_optimizer_, steps: int,
+                batch_size: int, context: int, seed: int = 0, on_step=None,
+                evaluate: bool = True, held_out_windows: int = 512) -> dict:
+    """Build a next-character model and its optimizer under `strategy` (initial weights
+    from the seeded global generator: the same on any device count), train `steps` steps
+    on batches of the training text, and return the losses, the held-out and bigram
+    losses, the trained parameters, the model, the step and the strategy."""
     with strategy.scope():
-        # the initial weights: the strategy's global generator, seeded (the same on any count)
         gd.random.set_global_generator(gd.random.Generator(seed))
-        model = GPT(data.vocab_size, context, width, layers, heads)
+        model = make_model()
         model(np.zeros((1, context), np.int32))      # build under the strategy
-        optimizer = make_optimizer(steps, learning_rate)
+        optimizer = make_optimizer_()
     train_step = make_train_step(strategy, model, optimizer)
     source = strategy.experimental_distribute_dataset(
         batches(data.train, batch_size, context, seed))
@@ -200,7 +211,7 @@ def train(devices: int = 1, steps: int = 600, batch_size: int = 32, context: int
               "params": [v.numpy() for v in model.trainable_variables],
               "train_step": train_step, "strategy": strategy}
     if evaluate:
-        result["held_out_loss"] = held_out_loss(model, data, context)
+        result["held_out_loss"] = held_out_loss(model, data, context, held_out_windows)
         result["bigram_loss"] = bigram_loss(data)
     return result
 
