@@ -18,10 +18,10 @@ def _data(rows: int, dtype, seed: int = 1):
             rng.standard_normal((rows, 2)).astype(dtype))
 
 
-def _linear(n, dtype, rows, loss_kind, reduction="mean"):
+def _linear(n, dtype, rows, loss_kind, reduction="mean", strategy=None):
     """A linear least-squares step: `loss_kind` "mean" (reduce_mean of the local batch) or
-    "average" (compute_average_loss)."""
-    strategy = _strategy(n)
+    "average" (compute_average_loss); on n local devices unless `strategy` is given."""
+    strategy = _strategy(n) if strategy is None else strategy
     with strategy.scope():
         w = gd.Variable(np.linspace(-1, 1, 6).reshape(3, 2).astype(dtype), name="w")
         opt = gd.optimizers.SGD(0.1, gradient_reduction=reduction)
@@ -181,21 +181,7 @@ def across_workers(n, dtype=np.float32, reduction="mean"):
     workers = int(os.environ.get("PMI_SIZE", "1"))
     strategy = (_strategy(1) if n == 1 else
                 gd.MultiWorkerMirroredStrategy([f"cpu:{i}" for i in range(n // workers)]))
-    with strategy.scope():
-        w = gd.Variable(np.linspace(-1, 1, 6).reshape(3, 2).astype(dtype), name="w")
-        opt = gd.optimizers.SGD(0.1, gradient_reduction=reduction)
-
-    @gd.function
-    def step(batch):
-        def replica_fn(x, y):
-            with gd.GradientTape() as tape:
-                per_example = gd.reduce_sum(gd.square(x @ w - y), axis=1)
-                loss = gd.nn.compute_average_loss(per_example, global_batch_size=4)
-            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
-            return loss
-        return strategy.reduce("sum", strategy.run(replica_fn, args=batch))
-
-    return step, (next(iter(strategy.experimental_distribute_dataset([_data(4, dtype)]))),)
+    return _linear(n, dtype, 4, "average", reduction, strategy)
 
 
 def across_workers_sum(n, dtype=np.float32):
