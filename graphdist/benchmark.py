@@ -165,12 +165,7 @@ def format_overlap_table(rows: list[dict], title: str = "") -> str:
                          f"{r['median_s'] * 1e3:.3f}", f"{r['compute_s'] * 1e3:.3f}",
                          f"{r['collective_s'] * 1e3:.3f}", f"{r['exposed_s'] * 1e3:.3f}",
                          f"{r['exposed_fraction']:.0%}"] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = [title] if title else []
-    lines += ["  ".join(h.rjust(w) for h, w in zip(header, widths)),
-              "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells[1:]]
-    return "\n".join(lines)
+    return _text_table(header, cells[1:], title)
 
 
 def format_table(rows: list[dict], title: str = "") -> str:
@@ -183,9 +178,14 @@ def format_table(rows: list[dict], title: str = "") -> str:
                          f"{r['steps_per_s']:.1f}", f"{r['compute_s'] * 1e3:.3f}",
                          f"{r['collective_s'] * 1e3:.3f}", f"{r['collective_share']:.0%}"]
                         for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return _text_table(header, cells[1:], title)
+
+
+def _text_table(header: list, rows: list, title: str = "") -> str:
+    """Right-aligned columns under a header and a rule, the title above."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [title] if title else []
     lines += ["  ".join(h.rjust(w) for h, w in zip(header, widths)),
               "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells[1:]]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     return "\n".join(lines)
