@@ -1,7 +1,8 @@
 """The compile pipeline: every stage from a traced graph to the placed graph that runs.
 
     traced graph
-      -> logical passes      dce, cse, simplify, cse, dce, fuse_optimizer (fused kernels on)
+      -> logical passes      dce, cse, simplify, cse, dce, fuse_optimizer, fuse_accumulate
+                             (the last two with fused kernels on)
       -> place               one device; or
          replicate           one copy per device, each collective one N-way node; or
          merge               opt-in ("merged"): logical CPU replicas as one batched program
@@ -30,6 +31,7 @@ from graphdist.errors import TraceError, first_use_text
 from graphdist.ir import Graph
 from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code, place,
                               run_passes, schedule)
+from graphdist.passes.accumulate import fuse_accumulate
 from graphdist.passes.collectives import lower_collectives, lowering_for
 from graphdist.passes.core import Stage
 from graphdist.passes.fuse import fuse_optimizer, fuse_reduce_update
@@ -73,7 +75,7 @@ def logical_passes() -> list:
               stage("cse.2", eliminate_common_subexpressions),
               stage("dce.2", eliminate_dead_code)]
     if config.fused_kernels():
-        passes.append(fuse_optimizer)
+        passes += [fuse_optimizer, stage("fuse_accumulate", fuse_accumulate)]
     return passes
 
 

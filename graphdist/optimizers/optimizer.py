@@ -44,6 +44,11 @@ from graphdist.trace import name_scope
 from graphdist.variables import Variable
 
 
+# where a call falls in its accumulation window (Optimizer.switch_state): the first
+# micro-step, a later one, the applying k-th call
+FIRST, ADD, APPLY = "first", "add", "apply"
+
+
 class _Hyper:
     """A hyper-parameter: reading gives its float64 Variable (for the learning rate, the
     schedule if one was given); assigning a number writes that variable, after checking it,
@@ -125,14 +130,19 @@ class Optimizer:
 
     def switch_state(self) -> tuple:
         """The program switch's state, read on the host before each call of a compiled step:
-        (k, is the next apply_gradients the k-th of its window, the applying call?). k is
+        (k, where the next apply_gradients falls in its window: FIRST, ADD or APPLY). k is
         part of it, so that a step traced before `gradient_accumulation_steps` changed is
-        traced again."""
+        traced again. Three programs for k > 2 (two for k = 2: its window is FIRST, APPLY):
+        the first micro-step writes the accumulators (no add, and no zeroing pass after the
+        applying call), the others add to them, the k-th applies."""
         k = self._accumulation_steps
-        return k, k == 1 or int(self._accumulation_step._host(0)) >= k - 1
+        if k == 1:
+            return k, APPLY
+        taken = int(self._accumulation_step._host(0))
+        return k, APPLY if taken >= k - 1 else FIRST if taken == 0 else ADD
 
     def _applying(self) -> bool:
-        return self.switch_state()[1]
+        return self.switch_state()[1] == APPLY
 
     def _accumulator(self, var: Variable) -> Variable:
         """`var`'s gradient accumulator: one component per replica, each its own (sync on
@@ -154,37 +164,39 @@ class Optimizer:
         if self._accumulation_step is None:
             return {}
         return {"step": self._accumulation_step,
-                **{var: AccumulatorState(acc, self.gradient_reduction)
+                **{var: AccumulatorState(acc, self.gradient_reduction, self._accumulation_step)
                    for var, acc in self._accumulators.items()}}
 
     def _accumulate(self, pairs):
         """Gradient accumulation's traced half: on a micro-step add each gradient to its
-        accumulator and return None (no collective); on the k-th call return the window's
-        gradients (for a mean reduction the mean of the k micro-batch gradients, for a sum
-        their sum: as one step on the k micro-batches together) and zero the accumulators.
-        Sparse gradients are added densely into the accumulator (the window's rows are not
-        known in advance); the applying call all-reduces them dense. Slots are made here, on
-        the first trace, since the applying program is traced later and a gd.function makes
-        variables on its first trace only."""
-        from graphdist.ops.array import zeros_like
-
+        accumulator (the window's first writes it instead) and return None (no collective);
+        on the k-th call add the last one the same way and return the window's gradients
+        (for a mean reduction the mean of the k micro-batch gradients, for a sum their sum:
+        as one step on the k micro-batches together). The accumulators then keep that sum
+        until the next window's first micro-step overwrites them (no zeroing pass; a
+        checkpoint between windows saves them as zeros). Every `acc := acc + x^T @ dy` runs
+        as one GEMM into the accumulator (passes/accumulate.py). Sparse gradients are added
+        densely into the accumulator (the window's rows are not known in advance); the
+        applying call all-reduces them dense. Slots are made here, on the first trace,
+        since the applying program is traced later and a gd.function makes variables on its
+        first trace only."""
         for _, v in pairs:
             self._make_slots(v)
         counter = self._accumulation_step
-        if not self._applying():
-            for g, v in pairs:
-                acc = self._accumulator(v)
-                acc.assign(add(acc.read_value(), densify(g)))
+        phase = self.switch_state()[1]
+        totals = []
+        for g, v in pairs:
+            acc = self._accumulator(v)
+            totals.append(densify(g) if phase == FIRST else add(acc.read_value(), densify(g)))
+            acc.assign(totals[-1])
+        if phase != APPLY:
             counter.assign_synced(add(counter.read_value(), np.int64(1)))
             return None
         out = []
-        for g, v in pairs:
-            acc = self._accumulator(v)
-            total = add(acc.read_value(), densify(g))
+        for total, (_, v) in zip(totals, pairs):
             if self.gradient_reduction == "mean":
                 total = divide(total, np.asarray(self._accumulation_steps, v.dtype))
             out.append((total, v))
-            acc.assign(zeros_like(total))
         counter.assign_synced(np.int64(0))
         return out
 
@@ -441,10 +453,12 @@ class AccumulatorState:
     Saved as what the applying all-reduce would make of it (the replicas' mean for a mean
     reduction, their sum for a sum), and restored so that it makes the same again on any
     replica count: every replica the mean, or the first replica the sum (the others an
-    additive identity)."""
+    additive identity). Between windows (the micro-step counter at 0) it is saved as zeros:
+    the accumulator still holds the last window's sum, which the next window's first
+    micro-step overwrites unread."""
 
-    def __init__(self, accumulator: Variable, reduction: str):
-        self.accumulator, self.reduction = accumulator, reduction
+    def __init__(self, accumulator: Variable, reduction: str, counter: Variable):
+        self.accumulator, self.reduction, self.counter = accumulator, reduction, counter
 
     name = property(lambda self: self.accumulator.name)
     shape = property(lambda self: self.accumulator.shape)
@@ -456,6 +470,8 @@ class AccumulatorState:
 
     def numpy(self) -> np.ndarray:
         acc = self.accumulator
+        if int(self.counter._host(0)) == 0:
+            return np.zeros(acc.shape, acc.dtype)
         total, _ = acc._replicas()
         parts = [acc._host(k) for k in range(len(acc.values))]
         local = np.sum(parts, axis=0, dtype=acc.dtype)

@@ -8,9 +8,9 @@ twin, whether the twin gives the kernel's bits), registered beside its adapter:
     @register_kernel("relu_grad", kind="cpu", out=True, numpy=OP_IMPL, exact=True)
     def relu_grad_cpu(out, ct, y): ...
 
-The adapters live by family in runtime/adapters/ (optim, collectives, nn, sparse); this
-module imports them all, so every entry is registered once it is loaded. The policy below
-decides which form runs:
+The adapters live by family in runtime/adapters/ (optim, collectives, nn, sparse,
+accumulate); this module imports them all, so every entry is registered once it is loaded.
+The policy below decides which form runs:
 
 - operands of a dtype the Numba kernels do not compile (float16, bfloat16): the op's
   generic impl;
@@ -31,7 +31,8 @@ from __future__ import annotations
 import functools
 
 from graphdist.ir.types import LOW_PRECISION
-from graphdist.runtime.adapters import collectives, nn, optim, sparse  # noqa: F401 - registers
+from graphdist.runtime.adapters import (  # noqa: F401 - registers
+    accumulate, collectives, nn, optim, sparse)
 from graphdist.runtime.adapters.collectives import host_all_reduce_cpu  # noqa: F401 - simulate
 from graphdist.runtime.adapters.registry import (  # noqa: F401 - the registry's front
     ENTRIES,
