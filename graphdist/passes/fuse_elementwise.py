@@ -1,0 +1,210 @@
+"""fuse_elementwise: clusters of elementwise ops become one fused_elementwise node
+(ops/fused.py) whose CPU kernel is one generated Numba loop (kernels/fused_elementwise.py),
+so `relu_grad(ct * s + r, y)` reads each input once and writes once, instead of one pass
+over memory per op.
+
+A cluster is a connected set of elementwise eqns on one host device whose results all have
+one shape S (at least MIN_ELEMENTS elements: below that a kernel call costs more than the
+ufuncs it replaces), each with a scalar formula in kernels/fused_elementwise.py's table
+(arithmetic, neg, abs, square, sqrt, maximum/minimum, relu and its gradient, where and
+comparisons, clip, casts between floats and from bool, gelu and its gradient in both
+forms), in float32 or float64 (bool masks inside). Its inputs are arrays of shape S, scalars
+(literals, 0-d or all-ones arrays) and rows broadcast along the leading axes (a bias (n,) or
+(1, n) against (m, n); every row input of one cluster the same length); an op reading
+anything else stays out. Transcendental functions (exp, log, tanh, sigmoid, pow) stay out
+too: their Numba and numpy forms differ in the last bit, and a fused program gives the
+unfused one's bits.
+
+A member's result read outside its cluster (by another eqn, or returned) becomes one more
+output of the fused node, never a reason to stop; a merge that would make a path leave the
+cluster and come back into it (a cycle once fused) is refused. Never fused: collectives,
+state ops, views, control-flow nodes (their bodies are left as they are), ops on another
+device. Nothing fuses: the input graph itself comes back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from graphdist.device.backends import backend_of_kind
+from graphdist.device.host import HOST_KERNELS
+from graphdist.ir import Eqn, Graph, Lit, Var
+from graphdist.ir.bodies import bodies
+from graphdist.kernels.fused_elementwise import FULL, ROW, SCALAR, formula
+from graphdist.ops.fused import describe, fused_elementwise_p
+from graphdist.passes.fuse import stable_topological
+
+# a cluster's results have at least this many elements (16 KiB of float32: the buffer
+# planner's arena size, runtime/buffers.py); smaller values run their ufuncs
+MIN_ELEMENTS = 4096
+# a fused node with one result smaller than this (a bool mask) would run its impl, not its
+# kernel (runtime/buffers.py's arena size): left unfused
+MIN_BYTES = 16 * 1024
+DTYPES = (np.dtype("float32"), np.dtype("float64"), np.dtype("bool"))
+
+
+def fuse_elementwise(g: Graph) -> Graph:
+    users: dict = {}
+    for i, e in enumerate(g.eqns):
+        for v in e.inputs:
+            if isinstance(v, Var):
+                users.setdefault(v, []).append(i)
+    clusters = _clusters(g, users)
+    if not clusters:
+        return g
+    replaced: dict = {}
+    outputs = {v for v in g.outputs if isinstance(v, Var)}
+    for members in clusters:
+        fused = _fused_eqn(g, members, outputs, users)
+        if fused is None:
+            continue
+        replaced.update((i, None) for i in members)
+        replaced[members[-1]] = fused
+    if not replaced:
+        return g
+    eqns = [(i, replaced.get(i, e)) for i, e in enumerate(g.eqns)
+            if replaced.get(i, e) is not None]
+    return replace(g, eqns=tuple(stable_topological(eqns, g.inputs)))
+
+
+# ---------------------------------------------------------------- members
+
+
+def input_kind(ty, shape: tuple) -> tuple | None:
+    """(FULL | ROW | SCALAR, row length) for an input of type `ty` read by a member whose
+    result has `shape`; None for a broadcast the kernel does not index (a column, a middle
+    axis)."""
+    if ty.dtype not in DTYPES:
+        return None
+    if tuple(ty.shape) == tuple(shape):
+        return FULL, 0
+    if ty.size == 1 and len(ty.shape) <= len(shape):
+        return SCALAR, 0
+    dims = list(ty.shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    if dims and len(dims) < len(shape) and tuple(dims) == tuple(shape[len(shape) - len(dims):]):
+        return ROW, math.prod(dims)
+    return None
+
+
+def _is_host(device) -> bool:
+    """Does `device` run the host's Numba kernels (asked of its kind: no device is set up)?"""
+    if device is None:
+        return False
+    try:
+        backend = backend_of_kind(str(device).partition(":")[0])
+    except (KeyError, ValueError):
+        return False
+    return backend.kernel_kind == HOST_KERNELS
+
+
+def _member(eqn) -> tuple | None:
+    """(result shape, row length or 0) of an eqn the kernels can take in, else None."""
+    op = eqn.op
+    if (not op.elementwise or op.stateful or op.collective or op.view or len(eqn.outputs) != 1
+            or bodies(eqn) or not _is_host(eqn.device)):
+        return None
+    out = eqn.outputs[0].ty
+    if out.dtype not in DTYPES or out.size < MIN_ELEMENTS:
+        return None
+    cols = 0
+    for v in eqn.inputs:
+        if isinstance(v, Lit):
+            if v.ty.dtype not in DTYPES:
+                return None
+            continue
+        kind = input_kind(v.ty, out.shape)
+        if kind is None or kind[0] == ROW and cols not in (0, kind[1]):
+            return None
+        cols = kind[1] or cols
+    args = [f"a{j}" for j in range(len(eqn.inputs))]
+    if formula(op.name, args, dict(eqn.params), out.dtype.name) is None:
+        return None
+    return out.shape, cols
+
+
+# ---------------------------------------------------------------- clusters
+
+
+def _clusters(g: Graph, users: dict) -> list:
+    """Each cluster of 2+ members, as its sorted eqn indices: grown eqn by eqn in graph
+    order, each eqn joining the clusters of the members whose results it reads."""
+    eqns = g.eqns
+    info = [_member(e) for e in eqns]
+    producer = {v: i for i, e in enumerate(eqns) for v in e.outputs}
+    cluster_of: dict = {}          # eqn index -> cluster id
+    members: dict = {}             # cluster id -> set of eqn indices
+    cols: dict = {}                # cluster id -> its rows' length (0: none yet)
+    for i, e in enumerate(eqns):
+        if info[i] is None:
+            continue
+        cluster_of[i], members[i], cols[i] = i, {i}, info[i][1]
+        for v in e.inputs:
+            p = producer.get(v) if isinstance(v, Var) else None
+            if p is None or p not in cluster_of:
+                continue
+            a, b = cluster_of[p], cluster_of[i]
+            if a == b or info[p][0] != info[i][0] or eqns[p].device != e.device:
+                continue
+            if cols[a] and cols[b] and cols[a] != cols[b]:
+                continue
+            merged = members[a] | members[b]
+            if _leaves_and_returns(eqns, merged, users):
+                continue
+            for k in members[a]:
+                cluster_of[k] = b
+            members[b] = merged
+            cols[b] = cols[a] or cols[b]
+            del members[a], cols[a]
+    return [sorted(m) for m in members.values() if len(m) > 1]
+
+
+def _leaves_and_returns(eqns, merged: set, users: dict) -> bool:
+    """Whether some path leaves `merged` and comes back into it (fusing it would make a
+    cycle): a search forward from the non-members reading a member's result, through
+    eqns before the cluster's last member."""
+    last = max(merged)
+    stack = [u for k in merged for v in eqns[k].outputs for u in users.get(v, ())
+             if u not in merged and u < last]
+    seen = set(stack)
+    while stack:
+        k = stack.pop()
+        for v in eqns[k].outputs:
+            for u in users.get(v, ()):
+                if u in merged:
+                    return True
+                if u < last and u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+    return False
+
+
+# ---------------------------------------------------------------- the fused node
+
+
+def _fused_eqn(g: Graph, members: list, outputs: set, users: dict) -> Eqn | None:
+    """The fused_elementwise eqn standing for `members` (sorted eqn indices), or None when
+    nothing it computes is read (a dead cluster is DCE's business)."""
+    eqns = [g.eqns[i] for i in members]
+    made = {v for e in eqns for v in e.outputs}
+    inside = set(members)
+    results = [v for e in eqns for v in e.outputs
+               if v in outputs or any(u not in inside for u in users.get(v, ()))]
+    if not results or len(results) == 1 and results[0].ty.nbytes < MIN_BYTES:
+        return None
+    ins = list(dict.fromkeys(v for e in eqns for v in e.inputs
+                             if isinstance(v, Var) and v not in made))
+    rename = {v: Var(v.ty, v.hint, v.device) for v in (*ins, *made)}
+    body_eqns = tuple(replace(e, inputs=tuple(rename.get(v, v) if isinstance(v, Var) else v
+                                              for v in e.inputs),
+                              outputs=tuple(rename[v] for v in e.outputs)) for e in eqns)
+    body = Graph(tuple(rename[v] for v in ins), body_eqns, tuple(rename[v] for v in results),
+                 devices=g.devices)
+    last = eqns[-1]
+    return Eqn(fused_elementwise_p, tuple(ins), tuple(results),
+               (("body", body), ("formula", describe(body))), device=last.device,
+               scope=last.scope, source=last.source)
