@@ -11,6 +11,8 @@
                              start and a wait (passes/overlap.py); the last stays inline
       -> fuse_reduce_update  an inline host all-reduce + every replica's optimizer update,
                              one pass
+      -> fuse_elementwise    each cluster of elementwise ops one generated loop (fused
+                             kernels on)
       -> schedule            order and buffer liveness
       => Plan: the placed graph and how the runtime issues it
 
@@ -35,6 +37,7 @@ from graphdist.passes.accumulate import fuse_accumulate
 from graphdist.passes.collectives import lower_collectives, lowering_for
 from graphdist.passes.core import Stage
 from graphdist.passes.fuse import fuse_optimizer, fuse_reduce_update
+from graphdist.passes.fuse_elementwise import fuse_elementwise
 from graphdist.passes.merge import CannotMerge, merge_replicas
 from graphdist.passes.overlap import overlap_collectives
 from graphdist.passes.replicate import replicate
@@ -79,6 +82,13 @@ def logical_passes() -> list:
     return passes
 
 
+def elementwise_fusion() -> list:
+    """With fused kernels on: each cluster of elementwise ops on one host device becomes one
+    node running one generated loop (passes/fuse_elementwise.py), on the placed graph
+    after every other fusion, right before the schedule."""
+    return [stage("fuse_elementwise", fuse_elementwise)] if config.fused_kernels() else []
+
+
 def logical(traced: Graph, stages: list | None = None, trace_seconds: float = 0.0) -> Graph:
     """The logical (one-replica) graph: the traced graph through the logical passes."""
     if stages is not None:
@@ -106,8 +116,8 @@ def device_of(g: Graph, default: str) -> str:
 
 def one_device(g: Graph, device: str, stages: list | None = None) -> Plan:
     stages = [] if stages is None else stages
-    placed = run_passes(g, [stage("place", lambda g: place(g, device)), schedule],
-                        record=stages)
+    placed = run_passes(g, [stage("place", lambda g: place(g, device)),
+                            *elementwise_fusion(), schedule], record=stages)
     return Plan(placed, "one_device", stages)
 
 
@@ -153,6 +163,7 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
         passes.append(stage("overlap", overlap_collectives))
     if config.fused_kernels() and mode == "sequential" and host:
         passes.append(fuse_reduce_update)
+    passes += elementwise_fusion()
     passes.append(schedule)
     return Plan(run_passes(graphs[0], passes, record=stages), mode, stages)
 
@@ -167,7 +178,8 @@ def _merged(graphs, devices, shared_args, stages: list) -> Plan | None:
     attempt: list = []
     try:
         merged = run_passes(graphs[0], [
-            stage("merge", lambda g: merge_replicas(g, devices, shared_args)), schedule],
+            stage("merge", lambda g: merge_replicas(g, devices, shared_args)),
+            *elementwise_fusion(), schedule],
             record=attempt)
     except CannotMerge as e:
         config.logger.info("running %d replicas as per-device copies: %s", len(devices), e)
