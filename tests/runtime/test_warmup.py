@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from graphdist import pipeline
 from graphdist.ir.types import ArrayType
 from graphdist.runtime import kernel_table, warmup
 
@@ -148,7 +149,16 @@ def test_an_all_reduce_returned_to_the_caller_gives_the_same_bits_on_either_form
     assert_same_bits(make)
 
 
-def test_where_gives_the_same_bits_on_either_form():
+def test_where_gives_the_same_bits_on_either_form(monkeypatch):
+    # where's own kernel: unfused (fused into a cluster, it is fused_elementwise's, which
+    # the fused models below cover)
+    monkeypatch.setattr(pipeline, "elementwise_fusion", lambda: [])
+    assert_same_bits(mlp(OPTIMIZERS["adam"], ["cpu:0", "cpu:1"], activation=leaky))
+
+
+def test_a_fused_elementwise_cluster_gives_the_same_bits_on_either_form():
+    """leaky relu's where, comparison and scale as one fused_elementwise node and its
+    gradient's where and scale as another (passes/fuse_elementwise.py)."""
     assert_same_bits(mlp(OPTIMIZERS["adam"], ["cpu:0", "cpu:1"], activation=leaky))
 
 
