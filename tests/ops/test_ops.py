@@ -492,6 +492,11 @@ CASES = {
     "adam_update": _adam,
     "hyper": _hyper,
     "sparse_sgd_update": _sparse_sgd,
+    # c + a @ b (gradient accumulation's fused GEMM, passes/accumulate.py); not differentiable
+    "matmul_accumulate": lambda rng: [Case(
+        (_u(rng, 3, 4), _u(rng, 3, 2), _u(rng, 2, 4)),
+        lambda c, a, b: bind(OPS["matmul_accumulate"], c, a, b), lambda c, a, b: c + a @ b,
+        diff=())],
     "philox_random": lambda rng: [Case(     # the stream, pinned: numpy's Philox (ops/random.py)
         (np.array([2, 7, -9], np.int64), np.int32(0)),
         lambda s, r: bind(OPS["philox_random"], s, r, **_PHILOX),

@@ -329,3 +329,151 @@ def test_a_file_without_a_window_starts_an_empty_one(tmp_path):
         np.testing.assert_array_equal(component, 0)
     with pytest.raises(gd.CheckpointError, match="accumulation"):
         status.assert_consumed()
+
+
+# ---------------------------------------------------------------- the fused accumulate
+# A weight gradient x^T @ dy is added to its accumulator inside the GEMM (BLAS beta=1,
+# passes/accumulate.py): one matmul_accumulate node in place of a matmul and an add.
+
+
+def _mlp_setup(n, k, dtype=np.float32, width=16):
+    """A 2-layer MLP (Dense-style x @ w + b) with SGD: two weight gradients to fuse."""
+    rng = np.random.default_rng(3)
+    init = [rng.standard_normal((4, width)) * 0.5, rng.standard_normal(width) * 0.1,
+            rng.standard_normal((width, 3)) * 0.5, rng.standard_normal(3) * 0.1]
+    init = [p.astype(dtype) for p in init]
+    strategy = gd.MirroredStrategy(_devices(n)) if n > 1 else gd.get_strategy()
+    with strategy.scope():
+        params = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(init)]
+        opt = gd.optimizers.SGD(LR, gradient_accumulation_steps=k)
+
+    def replica_fn(x, y):
+        with gd.GradientTape() as tape:
+            h = gd.tanh(x @ params[0] + params[1])
+            loss = gd.reduce_mean(gd.square(h @ params[2] + params[3] - y))
+        opt.apply_gradients(zip(tape.gradient(loss, params), params))
+        return loss
+
+    step = gd.function(replica_fn if n == 1 else
+                       lambda x, y: strategy.run(replica_fn, args=(x, y)))
+    return strategy, init, params, opt, step
+
+
+def _mlp_reference(init, windows):
+    """Plain SGD on the float64 big-batch gradient of each window."""
+    w0, b0, w1, b1 = [p.astype(np.float64) for p in init]
+    for window in windows:
+        x = np.concatenate([x for x, _ in window]).astype(np.float64)
+        y = np.concatenate([y for _, y in window]).astype(np.float64)
+        h = np.tanh(x @ w0 + b0)
+        dz = 2 * (h @ w1 + b1 - y) / y.size
+        dh = dz @ w1.T * (1 - h * h)
+        grads = [x.T @ dh, dh.sum(0), h.T @ dz, dz.sum(0)]
+        w0, b0, w1, b1 = [p - LR * g for p, g in zip((w0, b0, w1, b1), grads)]
+    return [w0, b0, w1, b1]
+
+
+def _fused_nodes(graph) -> list:
+    return [line for line in str(graph).splitlines() if "matmul_accumulate" in line]
+
+
+def test_a_weight_gradient_is_accumulated_inside_its_gemm():
+    strategy, _, params, opt, step = _mlp_setup(2, 3)
+    batches = _batches(3, 8)
+    step(*_split(strategy, 2, *batches[0]))             # the window's first: writes
+    assert _fused_nodes(step.graph) == []
+    step(*_split(strategy, 2, *batches[1]))             # the second: adds inside the GEMM
+    text = str(step.graph)
+    fused = _fused_nodes(text)
+    assert len(fused) == 2                              # both weights; the biases keep an add
+    # no separate matmul writes a weight gradient: the remaining matmuls are the forward
+    # pass's two and the backward pass's one input gradient (dh = dz @ w1^T)
+    assert sum(" = matmul " in line for line in text.splitlines()) == 3
+    scope = "# gradient_accumulation/accumulate (calls 1-2 of every 3: no collective)"
+    for node in fused:                                   # each under the accumulate scope
+        assert text.rfind(scope, 0, text.index(node)) > text.rfind("  #\n", 0, text.index(node))
+    placed = [e.device for e in step.replicated_graph.eqns if e.op.name == "matmul_accumulate"]
+    assert sorted(placed) == ["cpu:0", "cpu:0", "cpu:1", "cpu:1"]    # 2 weights x 2 replicas
+    step(*_split(strategy, 2, *batches[2]))             # the applying call adds the same way
+    assert len(_fused_nodes(step.graph)) == 2
+    assert "all_reduce" in str(step.graph)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_fused_accumulation_equals_the_float64_big_batch_step(n):
+    strategy, init, params, _, step = _mlp_setup(n, 3)
+    windows = [_batches(3, 4 * n) for _ in range(2)]
+    for window in windows:
+        for x, y in window:
+            step(*_split(strategy, n, x, y))
+    # the GEMM adds c to its blocks as it writes them (not numpy's product-then-add): the
+    # same up to float32 rounding
+    for p, ref in zip(params, _mlp_reference(init, windows)):
+        np.testing.assert_allclose(p.numpy(), ref, rtol=2e-5, atol=2e-6)
+
+
+def test_float64_accumulation_matches_numpy_to_float64_rounding():
+    strategy, init, params, _, step = _mlp_setup(1, 4, dtype=np.float64)
+    rng = np.random.default_rng(11)
+    window = [(rng.standard_normal((5, 4)), rng.standard_normal((5, 3))) for _ in range(4)]
+    for x, y in window:
+        step(x, y)
+    assert len(_fused_nodes(step.graph)) == 2
+    for p, ref in zip(params, _mlp_reference(init, [window])):
+        np.testing.assert_allclose(p.numpy(), ref, rtol=1e-13, atol=1e-15)
+
+
+def test_the_first_micro_step_writes_the_accumulators():
+    strategy, _, params, opt, step = _mlp_setup(2, 2)
+    for x, y in _batches(2, 8):                         # a whole window: applied
+        step(*_split(strategy, 2, x, y))
+    assert int(opt.accumulation_step.numpy()) == 0
+    stale = [opt._accumulators[p].values[0].copy() for p in params]
+    assert any(np.any(s != 0) for s in stale)           # the last window's sum, not zeroed
+    x, y = _batches(1, 8)[0]
+    first = str(step.get_graph(*_split(strategy, 2, x, y)))    # the program the window
+    assert "assign_var[var=p0/SGD/accumulator]" in first      # position picks: it writes
+    assert "read_var[var=p0/SGD/accumulator]" not in first    # the accumulator unread
+    step(*_split(strategy, 2, x, y))                    # the next window's first micro-step
+    # the accumulator is this micro-batch's gradient alone, bit for bit the one the same
+    # graph computes without accumulation (the old sum was overwritten, not added to)
+    compute = gd.function(lambda x, y: strategy.run(_gradients_of(params), args=(x, y)))
+    grads = compute(*_split(strategy, 2, x, y))
+    for p, g in zip(params, grads):
+        np.testing.assert_array_equal(opt._accumulators[p].values[0], g.values[0])
+
+
+def _gradients_of(params):
+    def replica_fn(x, y):
+        with gd.GradientTape() as tape:
+            h = gd.tanh(x @ params[0] + params[1])
+            loss = gd.reduce_mean(gd.square(h @ params[2] + params[3] - y))
+        return tape.gradient(loss, params)
+    return replica_fn
+
+
+def test_a_checkpoint_between_windows_saves_empty_accumulators(tmp_path):
+    strategy, _, params, opt, step = _mlp_setup(2, 2)
+    for x, y in _batches(2, 8):
+        step(*_split(strategy, 2, x, y))
+    path = gd.Checkpoint(opt=opt, params=params).save(tmp_path / "c.npz")
+    with np.load(path) as saved:
+        accumulators = [k for k in saved.files if "/accumulation/" in k and "step" not in k]
+        assert len(accumulators) == 4
+        for key in accumulators:
+            np.testing.assert_array_equal(saved[key], 0)
+
+
+def test_with_fused_kernels_off_the_accumulate_stays_an_add():
+    old = gd.config.fused_kernels()
+    gd.config.set_fused_kernels(False)
+    try:
+        strategy, init, params, _, step = _mlp_setup(1, 3)
+        window = _batches(3, 4)
+        for x, y in window:
+            step(x, y)
+        assert _fused_nodes(step.graph) == []
+    finally:
+        gd.config.set_fused_kernels(old)
+    for p, ref in zip(params, _mlp_reference(init, [window])):
+        np.testing.assert_allclose(p.numpy(), ref, rtol=2e-5, atol=2e-6)

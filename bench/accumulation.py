@@ -1,0 +1,121 @@
+"""Gradient accumulation's cost (issue 25) on bench/zero.py's MLP (784-1024-1024-10, Adam,
+global batch 512, 4 logical CPU devices), every contender interleaved in one process:
+
+- compute alone: forward + backward, the gradients written to per-replica variables (no
+  accumulate, no update, no collective);
+- micro-step: k = 10^6, so every timed call adds to the accumulators (target: within 5% of
+  compute alone), fused (matmul_accumulate: one GEMM with beta=1 into each weight's
+  accumulator, passes/accumulate.py) and unfused (the pass switched off while the step
+  compiles: the product, then a read-add-write pass, as before the pass existed);
+- first micro-step and applying step of k = 2 (their calls alternate): the first writes
+  the accumulators (beta=0), the applying call adds the last micro-gradient the same way,
+  all-reduces and updates; against compute alone and the plain step (k = 1).
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.accumulation [--repeat 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import numpy as np
+
+import graphdist as gd
+from bench.common import interleaved, save, table
+from bench.models import mlp_loss
+from bench.peers.common import BATCH, data, init
+from graphdist import pipeline
+from graphdist.function import _kernels_loaded
+
+N = 4
+DEVICES = [f"cpu:{i}" for i in range(N)]
+
+
+def make(accumulation: int = 1, update: bool = True):
+    """(step, batch, optimizer) of the MLP on N logical devices; update=False: compute
+    alone, the gradients written to per-replica variables."""
+    strategy = gd.MirroredStrategy(DEVICES)
+    with strategy.scope():
+        ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(init())]
+        opt = gd.optimizers.Adam(1e-3, gradient_accumulation_steps=accumulation)
+        sinks = [gd.Variable(np.zeros_like(p), name=f"g{i}", trainable=False,
+                             synchronization=gd.VariableSynchronization.ON_READ)
+                 for i, p in enumerate(init())] if not update else []
+
+    @gd.function
+    def step(x, y):
+        def replica_fn(x, y):
+            with gd.GradientTape() as tape:
+                loss = mlp_loss(ws, x, y)
+            grads = tape.gradient(loss, ws)
+            if update:
+                opt.apply_gradients(zip(grads, ws))
+            else:
+                for sink, g in zip(sinks, grads):
+                    sink.assign(g)
+            return loss
+        return strategy.run(replica_fn, args=(x, y))
+
+    batch = next(iter(strategy.experimental_distribute_dataset([data()])))
+    return step, batch, opt
+
+
+@contextlib.contextmanager
+def unfused():
+    """Steps compiled inside run the accumulate as before passes/accumulate.py."""
+    kept = pipeline.fuse_accumulate
+    pipeline.fuse_accumulate = lambda g: g
+    try:
+        yield
+    finally:
+        pipeline.fuse_accumulate = kept
+
+
+def in_phase(step, batch, opt, phase: str):
+    """A contender that runs `step` only where its optimizer's window is at `phase`."""
+    def run():
+        assert opt.switch_state()[1] == phase, (phase, opt.switch_state())
+        step(*batch)
+    return run
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=30)
+    args = ap.parse_args(argv)
+    plain = make()
+    compute = make(update=False)
+    micro = make(10**6)
+    with unfused():
+        old_micro = make(10**6)
+        for _ in range(2):            # compile its first and its adding programs now
+            old_micro[0](*old_micro[1])
+    pair = make(2)
+    fns = {"plain step (k=1)": lambda: plain[0](*plain[1]),
+           "compute alone": lambda: compute[0](*compute[1]),
+           "micro-step, fused": lambda: micro[0](*micro[1]),
+           "micro-step, unfused (before)": lambda: old_micro[0](*old_micro[1]),
+           "first micro-step (k=2)": in_phase(*pair, "first"),
+           "applying step (k=2)": in_phase(*pair, "apply")}
+    for name, fn in fns.items():      # compile and load every program; pair ends a window
+        for _ in range(4 if "(k=2)" in name else 3):
+            (lambda: pair[0](*pair[1]) if "(k=2)" in name else fn())()
+    _kernels_loaded()
+    assert "matmul_accumulate" in str(micro[0].graph), "the micro-step is not fused"
+    assert "matmul_accumulate" not in str(old_micro[0].graph)
+    timed = interleaved(fns, repeat=args.repeat, warmup=0)
+    base = timed["compute alone"]["median_s"]
+    plain_s = timed["plain step (k=1)"]["median_s"]
+    rows = [[name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["median_s"] / base,
+             r["median_s"] / plain_s] for name, r in timed.items()]
+    text = table(f"gradient accumulation, MLP Adam, global batch {BATCH} on {N} logical CPU "
+                 f"devices (median of {args.repeat}, interleaved; target: micro-step within "
+                 "5% of compute alone)",
+                 ["step", "median ms", "min ms", "vs compute alone", "vs plain step"], rows)
+    save("accumulation", {"results": timed, "table": text})
+    return timed
+
+
+if __name__ == "__main__":
+    main()
