@@ -7,7 +7,7 @@
          replicate           one copy per device, each collective one N-way node; or
          merge               opt-in ("merged"): logical CPU replicas as one batched program
       -> lower_collectives   each N-way collective becomes what runs (passes/collectives)
-      -> overlap             each host/MPI all-reduce with compute left to hide behind a
+      -> overlap             each host/MPI/NCCL all-reduce with compute to hide behind a
                              start and a wait (passes/overlap.py); the last stays inline
       -> fuse_reduce_update  an inline host all-reduce + every replica's optimizer update,
                              one pass
@@ -157,9 +157,10 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
     # as one program, where all of them are at hand
     host = all(b.shares_host_memory for b in kind_backends(devices))
     # overlap (passes/overlap.py) runs each bucket's all-reduce that has compute to hide
-    # behind apart, on the program's communication thread; the others (the last bucket)
+    # behind apart (a communication thread, MPI's non-blocking call, the GPUs' communication
+    # streams), where the lowering's node can start early; the others (the last bucket)
     # stay inline, and fuse_reduce_update folds them into the optimizer's update
-    if config.overlap() and mode == "sequential" and host:
+    if config.overlap() and lowering_for(strategy.cross_device_ops).splits_to_overlap:
         passes.append(stage("overlap", overlap_collectives))
     if config.fused_kernels() and mode == "sequential" and host:
         passes.append(fuse_reduce_update)

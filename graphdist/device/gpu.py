@@ -88,7 +88,7 @@ class GpuBackend(GpuKind):
         self.cuda_device = cp.cuda.Device(physical)
         with self.cuda_device:
             self.stream = cp.cuda.Stream(non_blocking=False)
-        self._numba_stream = None
+        self._numba_streams: dict = {}
 
     # ------------------------------------------------------------ buffers
     def empty(self, shape, dtype):
@@ -141,14 +141,23 @@ class GpuBackend(GpuKind):
     def synchronize(self) -> None:
         self.stream.synchronize()
 
-    def numba_stream(self):
-        """This stream as numba sees it, for the CUDA kernels (0 under the simulator)."""
-        if self._numba_stream is None:
+    @functools.cached_property
+    def comm_stream(self):
+        """A second stream of this device, for the collectives that run beside its compute
+        (overlap: runtime/overlap.py), made on first use."""
+        with self.cuda_device:
+            return cupy().cuda.Stream(non_blocking=False)
+
+    def numba_stream(self, stream=None):
+        """This device's stream (or `stream`) as numba sees it, for the CUDA kernels (0
+        under the simulator)."""
+        stream = self.stream if stream is None else stream
+        if stream.ptr not in self._numba_streams:
             from numba import cuda
 
             external = getattr(cuda, "external_stream", None)   # the simulator has none
-            self._numba_stream = external(self.stream.ptr) if external else 0
-        return self._numba_stream
+            self._numba_streams[stream.ptr] = external(stream.ptr) if external else 0
+        return self._numba_streams[stream.ptr]
 
 
 class restored_stream:

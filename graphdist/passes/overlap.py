@@ -1,5 +1,5 @@
-"""The `overlap` stage (issue 26): communication hidden behind compute. Each host or MPI
-all-reduce node becomes a start and a wait (ops/overlap_collectives.py), and the eqns are
+"""The `overlap` stage (issue 26): communication hidden behind compute. Each host, MPI or
+NCCL all-reduce node becomes a start and a wait (ops/overlap_collectives.py), and the eqns are
 ordered so that the starts come early: each device keeps its own order (nothing changes
 numerically), the devices are interleaved eqn by eqn, each start (with the reshapes and the
 bucket concat feeding it) runs as soon as its inputs exist, which puts the buckets in
@@ -7,6 +7,11 @@ reverse forward order as DDP does, and each wait sits just before the first eqn 
 its results (or the next collective that is not split, so that every worker issues its
 collectives in one order). runtime/overlap.py runs them; `gd.config.set_overlap(False)`
 leaves the collectives inline (pipeline.py then runs fuse_reduce_update instead).
+
+The pipeline runs the stage where the strategy's lowering declares `splits_to_overlap`
+(its node can start early: host, mpi, nccl), in one program or with a thread per device
+(each device's program then keeps its own eqns in this order, the collectives in the first
+device's); a merged program has no collective left to split (passes/merge.py).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from graphdist.ops.overlap_collectives import (START_OF, TOKEN, Channel, CommLan
                                                collective_wait_p, is_start)
 
 # the collectives the stage splits: host memory all-reduces, within a process or across
-# worker processes
+# worker processes, and the NCCL all-reduce of GPUs
 SPLIT_OPS = tuple(START_OF)
 
 # ops that only lay a bucket out (flatten, concatenate): hoisted with the start they feed
@@ -29,7 +34,7 @@ _LAYOUT_OPS = (reshape_p, concat_p)
 
 
 def overlap_collectives(g: Graph) -> Graph:
-    """Split each host/MPI all-reduce into a start and a wait and schedule them to overlap
+    """Split each host/MPI/NCCL all-reduce into a start and a wait and schedule them to overlap
     the compute (see the module docstring). A graph without one comes back as it is."""
     worth = _worth_splitting(g.eqns)
     if not worth:
@@ -61,7 +66,7 @@ def _split(eqn, lane: CommLane, returned: set):
 
 
 def _worth_splitting(eqns) -> set:
-    """The host/MPI all-reduces that have compute to hide behind: eqns after the last one
+    """The all-reduces that have compute to hide behind: eqns after the last one
     they read that neither feed them nor follow from any all-reduce (the rest of the
     backward pass; variable reads and writes do not count), touching at least as many
     bytes as the all-reduce reads. The last bucket, ready only when the backward pass ends,

@@ -9,10 +9,12 @@ returns a token; the wait joins it. numpy and the Numba kernels release the inte
 lock, so the backward pass computes while the thread reduces. An MPI start posts the
 non-blocking all-reduce (`Group.post_allreduce`) from the program's own thread and its wait
 polls it (`Group.wait_for`: the abort notices and the timeout as ever), so every worker's
-MPI calls keep the program's order. Each run's (start, end) goes to the channel's `spans`,
-which the profile draws on the device's collectives lane (runtime/profile.py).
-
-GPU collectives (`nccl_all_reduce`) already run on their own streams and are not split.
+MPI calls keep the program's order. A GPU start (`nccl_all_reduce`, a collective that
+orders its own streams) queues the reduction on the devices' communication streams after
+an event of each compute stream, and its wait makes each compute stream wait on the
+communication stream's event (runtime/gpu_collectives.py); the host thread never blocks.
+Each run's (start, end) goes to the channel's `spans`, which the profile draws on the
+device's collectives lane (runtime/profile.py); a GPU run's are read from CUDA events.
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ def start(channel: Channel, xp, xs) -> None:
     if channel.collective is mpi_all_reduce_p:
         channel.pending = _PostedMpi(channel, xp, xs)
         return
+    if channel.collective.orders_own_streams:
+        channel.pending = _OnCommStreams(channel, xs)
+        return
     run, outs = _runner(channel), _buffers(channel, xp)
     errors = np.geterr()                 # the program's floating-point error settings
 
@@ -106,6 +111,65 @@ def _drain(channel: Channel) -> None:
         pending.result()
     except Exception:      # noqa: BLE001 - its step already raised; this one goes on
         pass
+
+
+class _OnCommStreams:
+    """A GPU all-reduce queued on the devices' communication streams (the host thread moves
+    on at once), into buffers the channel keeps, each made on its replica's device under
+    that device's communication stream. The wait only orders the compute streams after it.
+
+    Its span: events on the first device's streams, anchored to the host clock by an event
+    recorded on its compute stream now. A profiled program synchronizes that stream after
+    every node, so the anchor completes as it is recorded and the times are the GPU's;
+    unprofiled, nothing reads them."""
+
+    def __init__(self, channel: Channel, xs):
+        from graphdist.runtime import gpu_collectives
+        from graphdist.runtime.streams import compute_lane
+
+        params = channel.params
+        self.devices = params["devices"]
+        self.channel = channel
+        first = backend_for(self.devices[0])
+        anchor, t_anchor = compute_lane(first).record(), time.perf_counter()
+        self.outs = _gpu_buffers(channel, self.devices)
+        begin, self.events = gpu_collectives.start_all_reduce(self.outs, xs, params["op"],
+                                                              self.devices)
+        end = self.events[0]
+        channel.spans.append(lambda: _event_span(anchor, t_anchor, begin, end))
+
+    def result(self):
+        from graphdist.runtime import gpu_collectives
+
+        gpu_collectives.finish_all_reduce(self.events, self.devices)
+        return self.outs
+
+
+def _gpu_buffers(channel: Channel, devices):
+    """The results' buffers: one per replica on its device, allocated on its communication
+    stream (CuPy's pool hands memory out per stream); fresh each run when the step returns
+    one, else made once and kept."""
+    from graphdist.runtime.streams import comm_lane
+
+    if channel.outs is not None and not channel.handed_out:
+        return channel.outs
+    outs = []
+    for device, t in zip(devices, channel.out_types):
+        backend = backend_for(device)
+        with comm_lane(backend).active():
+            outs.append(backend.empty(t.shape, t.dtype))
+    if not channel.handed_out:
+        channel.outs = tuple(outs)
+    return tuple(outs)
+
+
+def _event_span(anchor, t_anchor: float, begin, end) -> tuple:
+    """(start, end) on the host clock of the work between two events of one device."""
+    from graphdist.device.gpu import cupy
+
+    end.synchronize()
+    elapsed = cupy().cuda.get_elapsed_time
+    return (t_anchor + elapsed(anchor, begin) * 1e-3, t_anchor + elapsed(anchor, end) * 1e-3)
 
 
 class _PostedMpi:

@@ -50,7 +50,7 @@ def chrome_trace(executable, name: str = "step", steps=()) -> dict:
                 nodes.append((p, eqns[i], start, end))
         for eqn in eqns:
             if is_start(eqn.op):
-                nodes.extend((p, eqn, t0, t1) for t0, t1 in eqn.attrs["channel"].spans
+                nodes.extend((p, eqn, t0, t1) for t0, t1 in eqn.attrs["channel"].times()
                              if t0 >= origin)
     compute: dict = {}            # program -> its compute intervals (perf_counter)
     for p, eqn, start, end in nodes:

@@ -3,11 +3,51 @@
 The lowering asks a StreamOrder before and after each eqn it emits; the StreamOrder emits
 the device switches and the event record/wait calls (on the backends' streams) that make
 every cross-device read safe. Host devices have no streams and never get one.
+
+A GPU device also has a communication stream (`GpuBackend.comm_stream`), where an
+overlapped collective runs beside the compute (runtime/gpu_collectives.py); `Lane` is one
+of a device's two streams with what the collectives do on it.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from graphdist.ir import Var
+
+
+class Lane:
+    """One stream of a GPU device (its compute stream or its communication stream): record
+    an event on it, make it wait on one, queue work on it."""
+
+    def __init__(self, backend, stream):
+        self.backend = backend
+        self.stream = stream
+        self.physical = backend.physical
+
+    def record(self):
+        with self.backend.cuda_device:      # an event belongs to its stream's device
+            return self.stream.record()
+
+    def wait(self, event) -> None:
+        self.stream.wait_event(event)
+
+    @contextlib.contextmanager
+    def active(self):
+        """This device and this stream current: CuPy calls queue work here."""
+        with self.backend.cuda_device, self.stream:
+            yield self
+
+    def numba_stream(self):
+        return self.backend.numba_stream(self.stream)
+
+
+def compute_lane(backend) -> Lane:
+    return Lane(backend, backend.stream)
+
+
+def comm_lane(backend) -> Lane:
+    return Lane(backend, backend.comm_stream)
 
 
 class StreamOrder:

@@ -9,7 +9,12 @@ It is strict where CuPy is, and checks what an eager host run would otherwise hi
   CUDA;
 - stream ordering is checked with vector clocks: reading an array written on another
   stream, or writing one another stream read, without an event wait in between raises
-  `StreamRace`. Work on one stream is ordered; everything else must be made so.
+  `StreamRace`. Work on one stream is ordered; everything else must be made so. The
+  CUDA kernels (numba's simulator, launched under `install()`) count too: every array
+  argument is read on the current stream, and every one whose bytes the kernel changed is
+  written there; so do NCCL's all-reduces, on the stream each rank names.
+- events carry the host time they were recorded at (the stand-in runs work as it is
+  queued), so `cuda.get_elapsed_time` gives milliseconds between two of them.
 
 GRAPHDIST_FAKE_CUPY=N sets the number of physical GPUs.
 """
@@ -17,10 +22,12 @@ GRAPHDIST_FAKE_CUPY=N sets the number of physical GPUs.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import os
 import sys
 import threading
+import time
 import types
 import typing
 
@@ -45,9 +52,23 @@ def _current_device() -> int:
 # ---------------------------------------------------------------- streams and events
 
 class Event:
-    def __init__(self):
+    def __init__(self, block: bool = False, disable_timing: bool = False):
         self.device = _current_device()
         self.clock: dict = {}
+        self.time = None if disable_timing else 0.0   # perf_counter when recorded
+
+    def synchronize(self) -> None:
+        pass
+
+
+def get_elapsed_time(start: Event, end: Event) -> float:
+    """Milliseconds from `start` to `end` (cudaEventElapsedTime)."""
+    if start.time is None or end.time is None:
+        raise RuntimeError("cudaErrorInvalidResourceHandle: an event without timing")
+    return (end.time - start.time) * 1e3
+
+
+_streams: dict = {}      # ptr -> Stream (what an NCCL call names its stream by)
 
 
 class Stream:
@@ -56,6 +77,7 @@ class Stream:
         self.ptr = 0 if _null else next(_ptrs)
         self.clock: dict = {self.ptr: 0}
         self._saved = []
+        _streams[self.ptr] = self
 
     def use(self):
         _tls.stream = self
@@ -75,6 +97,8 @@ class Stream:
             raise RuntimeError(f"cudaEventRecord: event of device {event.device} on a stream "
                                f"of device {self.device} (invalid resource handle)")
         event.clock = dict(self.clock)
+        if event.time is not None:
+            event.time = time.perf_counter()
         return event
 
     def wait_event(self, event: Event) -> None:
@@ -158,9 +182,9 @@ def _unordered(stream: Stream, stamp) -> bool:
     return stamp is not None and stamp[0] != stream.ptr and stream.clock.get(stamp[0], 0) < stamp[1]
 
 
-def _touch(reads, writes) -> None:
-    """Vector-clock check of the current stream's reads and writes."""
-    stream = get_current_stream()
+def _touch(reads, writes, stream: Stream | None = None) -> None:
+    """Vector-clock check of the reads and writes of `stream` (the current one)."""
+    stream = stream or get_current_stream()
     if stream.ptr == 0:          # the null stream waits for all others: always ordered
         return
     tick = stream.tick()
@@ -195,7 +219,9 @@ class ndarray(np.ndarray):
 
     @property
     def data(self):
-        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+        ptr = self.__array_interface__["data"][0]
+        _by_ptr[ptr] = self        # what an NCCL call on this pointer touches
+        return types.SimpleNamespace(ptr=ptr)
 
     def get(self, stream=None) -> np.ndarray:
         _touch([self], [])
@@ -230,6 +256,9 @@ class ndarray(np.ndarray):
 
     def __int__(self):
         return int(self.get())
+
+
+_by_ptr: dict = {}   # data pointer -> the array whose `.data.ptr` gave it
 
 
 def _arrays(tree):
@@ -378,6 +407,8 @@ class _Nccl(types.ModuleType):
             calls.sort(key=lambda c: c[0].rank)
             if len(calls) != calls[0][0].size:
                 raise RuntimeError("NCCL: not every rank joined the all-reduce (deadlock)")
+            for c in calls:        # each rank reads and writes its buffers on its stream
+                _touch([_by_ptr[c[1]]], [_by_ptr[c[2]]], _streams[c[5]])
             views = [_at(c[1], c[3], self._DTYPES[c[4]]) for c in calls]
             total = views[0].copy()
             for v in views[1:]:
@@ -401,7 +432,7 @@ class _Nccl(types.ModuleType):
             nccl = sys.modules["cupy"].cuda.nccl
             if nccl._pending is None:
                 raise RuntimeError("NCCL: several ranks from one thread need groupStart()")
-            nccl._pending.append((self, send, recv, count, dtype))
+            nccl._pending.append((self, send, recv, count, dtype, stream))
 
 
 def _at(ptr: int, count: int, dtype) -> np.ndarray:
@@ -411,14 +442,39 @@ def _at(ptr: int, count: int, dtype) -> np.ndarray:
 
 cuda = types.SimpleNamespace(
     Device=Device, Stream=Stream, Event=Event, get_current_stream=get_current_stream,
+    get_elapsed_time=get_elapsed_time,
     runtime=types.SimpleNamespace(getDeviceCount=device_count, deviceSynchronize=lambda: None),
     nccl=_Nccl())
 
 
+def _checked_launch(call):
+    """A simulated CUDA kernel's launch, stream-checked: its array arguments are read on
+    the current stream, and those whose bytes it changed are written there."""
+    @functools.wraps(call)
+    def launch(kernel, *args):
+        if kernel._device:              # a device function called from a kernel
+            return call(kernel, *args)
+        arrays = [a for a in _arrays(list(args)) if isinstance(a, ndarray)]
+        before = [a.view(np.ndarray).tobytes() for a in arrays]
+        _touch(arrays, [])
+        result = call(kernel, *args)
+        _touch([], [a for a, b in zip(arrays, before) if a.view(np.ndarray).tobytes() != b])
+        return result
+    launch.checked = True
+    return launch
+
+
 def install() -> None:
-    """Make `import cupy` give this module."""
+    """Make `import cupy` give this module, and stream-check the simulated kernels."""
     module = sys.modules[__name__]
     module.ndarray = ndarray
     sys.modules["cupy"] = module
     sys.modules["cupy.cuda"] = cuda
     sys.modules["cupy.cuda.nccl"] = cuda.nccl
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+        if not getattr(FakeCUDAKernel.__call__, "checked", False):
+            FakeCUDAKernel.__call__ = _checked_launch(FakeCUDAKernel.__call__)

@@ -214,6 +214,7 @@ class Host(Lowering):
 
     name = "host"
     fused_host_node = True
+    splits_to_overlap = True
     one_process_only = True
     fused_nodes = ("host_all_reduce", "host_reduce_update", "host_reduce_scatter",
                    "host_all_gather")
@@ -261,6 +262,7 @@ class Nccl(Lowering):
     Priced as the ring NCCL runs for large messages."""
 
     name = "nccl"
+    splits_to_overlap = True
     fused_nodes = ("nccl_all_reduce",)
 
     @staticmethod
@@ -303,6 +305,7 @@ class Mpi(Lowering):
     name = "mpi"
     crosses_processes = True
     runs_inline = True
+    splits_to_overlap = True
     fused_nodes = ("mpi_all_reduce", "mpi_reduce_scatter", "mpi_all_gather", "mpi_broadcast")
     group: object = None
     replicas: int = 1

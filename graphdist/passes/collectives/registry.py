@@ -73,6 +73,7 @@ class Lowering:
     fused_host_node: ClassVar[bool] = False    # one node over every host replica's buffers
     one_process_only: ClassVar[bool] = False   # no meaning across machines (priced as ring)
     runs_inline: ClassVar[bool] = False        # the executor calls it in its own thread
+    splits_to_overlap: ClassVar[bool] = False  # its all-reduce node may start early (overlap)
     uses_groups: ClassVar[bool] = False        # takes num_groups
     fused_nodes: ClassVar[tuple] = ()          # the ops of its fused nodes (what it made)
 
