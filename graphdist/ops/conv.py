@@ -133,15 +133,11 @@ def bias_act_numpy(xp, rows, bias, relu):
         xp.maximum(rows, 0, out=rows)
 
 
-def conv2d_bias_act_out(xp, out, x, f, bias=None, relu=False, *, strides, padding,
-                        dilations, epilogue=None):
-    """out[...] = conv2d(x, f) (+ bias) (then relu, np.maximum(., 0)), the epilogue fused
-    into the output pass: per block of images, im2col, one GEMM into out's rows, then
-    `epilogue(rows, bias, relu)` on those rows while they are in cache (default numpy's
-    bias_act_numpy; the CPU kernel: kernels/conv.py bias_act_cpu, one parallel pass, same
-    bits). The form for a conv + bias + relu chain; programs do not call it yet (that is
-    the elementwise fusion pass's part, issue 29 item 2)."""
-    epilogue = epilogue or functools.partial(bias_act_numpy, xp)
+def conv2d_blocks(xp, out, x, f, finish, *, strides, padding, dilations) -> None:
+    """out[...] = conv2d(x, f), one block of whole images at a time (patches and output
+    together at most EPILOGUE_BYTES): im2col, one GEMM into the block's rows of out, then
+    `finish(part, rows)` (part: the block's slice of the batch; rows: its (R, O) view of
+    out) while they are still in cache. The fused forms' (epilogues') output pass."""
     out_hw, pads = window_geometry("conv2d", x.shape[1:3], f.shape[:2], strides, dilations,
                                    padding, "")
     o = f.shape[3]
@@ -150,8 +146,25 @@ def conv2d_bias_act_out(xp, out, x, f, bias=None, relu=False, *, strides, paddin
         rows = out[part].reshape(-1, o)
         cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads)
         xp.matmul(cols, f.reshape(-1, o), out=rows)
+        finish(part, rows)
+
+
+def conv2d_bias_act_out(xp, out, x, f, bias=None, relu=False, *, strides, padding,
+                        dilations, epilogue=None):
+    """out[...] = conv2d(x, f) (+ bias) (then relu, np.maximum(., 0)), the epilogue fused
+    into the output pass (conv2d_blocks): `epilogue(rows, bias, relu)` on each block's
+    rows while they are in cache (default numpy's bias_act_numpy; the CPU kernel:
+    kernels/conv.py bias_act_cpu, one parallel pass, same bits). Programs run it through
+    the fused op ops/epilogue.py conv2d_bias_act, which the compile pass
+    passes/epilogue.py makes from conv2d -> add(bias) -> relu."""
+    epilogue = epilogue or functools.partial(bias_act_numpy, xp)
+
+    def finish(part, rows):
         if bias is not None or relu:
             epilogue(rows, bias, relu)
+
+    conv2d_blocks(xp, out, x, f, finish, strides=strides, padding=padding,
+                  dilations=dilations)
 
 
 @conv2d_p.def_impl

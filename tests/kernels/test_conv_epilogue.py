@@ -1,0 +1,142 @@
+"""The fused epilogues' CPU kernels (runtime/adapters/epilogue.py: kernels/conv.py
+bias_act_cpu, kernels/gelu.py, kernels/epilogue.py relu_grad_sum_cpu) against their numpy
+twins, bit for bit (the twins run a program's first calls while Numba loads), and against
+numpy formulas written from the definitions (float64)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from graphdist.kernels.epilogue import relu_grad_sum_cpu, relu_grad_sum_ref
+from graphdist.ops.epilogue import (SUM_ROWS, conv2d_bias_act_p, matmul_bias_act_p,
+                                    relu_grad_bias_sum_p, relu_grad_sum_numpy)
+from graphdist.runtime import kernel_table
+
+
+def _entry(op):
+    return kernel_table.entry("cpu", op.name)
+
+
+def _conv_ref(x, f):
+    win = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), f.shape[:2],
+                                                   axis=(1, 2))
+    return np.einsum("nhwcpq,pqco->nhwo", win, f.astype(np.float64))
+
+
+def _act_ref(v, act):
+    if act == "relu":
+        return np.maximum(v, 0)
+    if act == "gelu":
+        return v * 0.5 * np.vectorize(math.erfc)(-v / math.sqrt(2))
+    if act == "gelu_tanh":
+        return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+    return v
+
+
+def _run(entry_fn, op, ins, params):
+    types = op.out_types(*(_ty(a) for a in ins), **params)
+    types = types if isinstance(types, tuple) else (types,)
+    outs = tuple(np.full(t.shape, np.nan, t.dtype) for t in types)
+    entry_fn(outs if len(outs) > 1 else outs[0], *ins, **params)
+    return outs
+
+
+def _ty(a):
+    from graphdist.ir.types import ArrayType
+
+    return ArrayType(a.shape, a.dtype)
+
+
+ACTS = ("none", "relu", "gelu", "gelu_tanh")
+P = {"strides": (1, 1), "padding": "VALID", "dilations": (1, 1)}
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [((6, 28, 28, 1), 32), ((5, 13, 13, 32), 64),
+                                   ((3, 9, 9, 3), 5)])
+def test_conv2d_bias_act_kernel_twin_and_definition(act, bias, shape):
+    (xs, o), rng = shape, np.random.default_rng(0)
+    x = rng.standard_normal(xs).astype(np.float32)
+    f = (rng.standard_normal((3, 3, xs[3], o)) / 3).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    ins = (x, f, b) if bias else (x, f)
+    for keep in ((False, True) if act.startswith("gelu") else (False,)):
+        params = dict(P, act=act, has_bias=bias, keep=keep,
+                      members=("conv2d", "add", act))
+        entry = _entry(conv2d_bias_act_p)
+        got = _run(entry.out, conv2d_bias_act_p, ins, params)
+        twin = _run(entry.numpy_out, conv2d_bias_act_p, ins, params)
+        for a, t in zip(got, twin):
+            np.testing.assert_array_equal(a, t)
+        pre = _conv_ref(x, f) + (b if bias else 0)
+        np.testing.assert_allclose(got[-1], _act_ref(pre, act), rtol=2e-5, atol=2e-5)
+        if keep:
+            np.testing.assert_allclose(got[0], pre, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("x_shape", [(64, 40), (4, 33, 40)])
+def test_matmul_bias_act_kernel_twin_and_definition(act, x_shape):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = (rng.standard_normal((40, 24)) / 6).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    for keep in ((False, True) if act.startswith("gelu") else (False,)):
+        params = dict(act=act, has_bias=True, keep=keep, members=("matmul", "add", act))
+        entry = _entry(matmul_bias_act_p)
+        got = _run(entry.out, matmul_bias_act_p, (x, w, b), params)
+        twin = _run(entry.numpy_out, matmul_bias_act_p, (x, w, b), params)
+        for a, t in zip(got, twin):
+            np.testing.assert_array_equal(a, t)
+        pre = x.astype(np.float64) @ w + b
+        np.testing.assert_allclose(got[-1], _act_ref(pre, act), rtol=2e-5, atol=2e-5)
+        # the op's own generic impl (evaluate, GPUs) agrees as well
+        generic = matmul_bias_act_p.impl(np, x, w, b, **params)
+        np.testing.assert_allclose(generic[-1], got[-1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(256, 26, 26, 32), (7, 11, 11, 64), (3 * SUM_ROWS, 5),
+                                   (SUM_ROWS + 1, 1), (4, 3)])
+def test_relu_grad_sum_kernel_twin_and_definition(shape):
+    rng = np.random.default_rng(2)
+    ct = rng.standard_normal(shape).astype(np.float32)
+    y = rng.standard_normal(shape).astype(np.float32)
+    y.reshape(-1)[:7] = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-45]
+    ct.reshape(-1)[7:10] = [np.nan, np.inf, -0.0]
+    dz, db = np.empty_like(ct), np.empty(shape[-1], np.float32)
+    assert relu_grad_sum_cpu(dz, db, ct, y, SUM_ROWS)
+    tz, tb = np.empty_like(ct), np.empty(shape[-1], np.float32)
+    relu_grad_sum_numpy(np, tz, tb, ct, y)
+    np.testing.assert_array_equal(dz.view(np.int32), tz.view(np.int32))
+    np.testing.assert_array_equal(db.view(np.int32), tb.view(np.int32))
+    rz, rb = relu_grad_sum_ref(ct.astype(np.float64), y)
+    np.testing.assert_array_equal(dz, rz.astype(np.float32))
+    np.testing.assert_allclose(db, rb, rtol=1e-4, atol=1e-3 * math.sqrt(dz.size / shape[-1]))
+
+
+def test_relu_grad_sum_registered_forms_agree():
+    rng = np.random.default_rng(3)
+    ct = rng.standard_normal((9, 5, 5, 16)).astype(np.float32)
+    y = rng.standard_normal((9, 5, 5, 16)).astype(np.float32)
+    entry = _entry(relu_grad_bias_sum_p)
+    assert entry.exact
+    params = {"members": ("relu_grad", "reduce_sum")}
+    got = _run(entry.out, relu_grad_bias_sum_p, (ct, y), params)
+    twin = _run(entry.numpy_out, relu_grad_bias_sum_p, (ct, y), params)
+    generic = relu_grad_bias_sum_p.impl(np, ct, y, **params)
+    for a, t, g in zip(got, twin, generic):
+        np.testing.assert_array_equal(a, t)
+        np.testing.assert_array_equal(a, g)
+
+
+def test_relu_grad_sum_refuses_mismatched_operands():
+    ct = np.ones((4, 3), np.float32)
+    assert not relu_grad_sum_cpu(np.empty((4, 3), np.float64), np.empty(3), ct, ct, 8)
+    assert not relu_grad_sum_cpu(np.empty((4, 3), np.float32), np.empty(4, np.float32), ct,
+                                 ct, 8)
+    assert not relu_grad_sum_cpu(np.empty((3, 4), np.float32).T, np.empty(3, np.float32), ct,
+                                 ct, 8)
