@@ -2,20 +2,28 @@
 exist and waited for at its first reader (gd.config.set_overlap(True), the default) against
 every all-reduce inline where the step computed it (False), side by side in one run:
 
-- 4 logical CPU devices in one process (the host all-reduce on the program's
-  communication thread);
-- 2 MPI workers x 1 device (`mpiexec -n 2`, the MPI all-reduce on that thread; each
-  sample the slower rank's time, a barrier before each);
+- "logical": 4 logical CPU devices run as one program (the host all-reduce on the
+  program's communication thread);
+- "threads": the same 4 devices with a thread each (`set_device_concurrency("threads")`:
+  the all-reduce on the communication thread of the first device's program);
+- "mpi": 2 MPI workers x 1 device (`mpiexec -n 2`, the MPI all-reduce posted early and
+  waited for; each sample the slower rank's time, a barrier before each);
+- "gpu" (`--gpu`): 4 logical GPUs (the NCCL all-reduce on each device's communication
+  stream; every timed call ends with a device synchronize). Without a GPU it says so and
+  measures nothing;
 
-for the benchmark MLP (784-1024-1024-10, global batch 512, Adam) and the example GPT
-(bench/peers/gpt_common.py's sizes). Buckets of --bucket-mib MiB (default 1, DDP's first
+for the benchmark MLP (784-1024-1024-10, global batch 512, Adam), the example GPT
+(bench/peers/gpt_common.py's sizes) and "tiny" (an MLP 32-32-32-10, batch 32: a check that
+a setup runs, as on the simulated GPU). Buckets of --bucket-mib MiB (default 1, DDP's first
 bucket; the default 25 MiB holds the whole MLP in one bucket, which only exists once the
 backward pass is over, so nothing could overlap). Per row: the step's median time (on and off
 interleaved, so drift hits both) and, from `gd.profile_report` of a profiled run of
 --profile-steps steps, compute, collective and exposed collective ms per step and the
 exposed fraction (exposed / collective).
 
-    python -m bench.overlap [--steps 15] [--bucket-mib 1] [--no-mpi] [--json]
+    python -m bench.overlap [--steps 15] [--bucket-mib 1] [--setups logical,threads,mpi]
+                            [--models mlp,gpt] [--no-mpi] [--json]
+    python -m bench.overlap --gpu [--models mlp]
 
 The machine is a shared 2-core VM: quote ratios from one run, and expect noise. Run with
 `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` (as the other benchmarks).
@@ -36,30 +44,44 @@ import numpy as np
 import graphdist as gd
 from bench.common import ROOT, save, table
 
-MODELS = ("mlp", "gpt")
+MODELS = ("mlp", "gpt", "tiny")
+SETUPS = ("logical", "threads", "mpi", "gpu")
+TITLES = {"logical": "4 logical devices", "threads": "4 logical devices, a thread each",
+          "mpi": "2 MPI workers", "gpu": "4 logical GPUs"}
+TINY = (32, 32, 32, 10)
 
 
 def _data(model: str):
     if model == "mlp":
         from bench.peers.common import data
         return data()
+    if model == "tiny":
+        rng = np.random.default_rng(1)
+        return (rng.standard_normal((32, TINY[0])).astype(np.float32),
+                rng.integers(0, TINY[-1], 32).astype(np.int32))
     from bench.peers.gpt_common import gpt_data
     return gpt_data()
 
 
 def _make(model: str, strategy):
     from bench.models import make_gpt_step, make_step
+    if model == "tiny":
+        from bench.peers.common import init
+        return make_step(strategy, params=init(sizes=TINY))[0]
     return (make_step if model == "mlp" else make_gpt_step)(strategy)[0]
 
 
-def _built(model: str, strategy, batch, overlap: bool):
-    """The step compiled with overlap on or off (the setting is read when it compiles)."""
+def _built(model: str, strategy, batch, overlap: bool, concurrency: str = "auto"):
+    """The step compiled with overlap on or off in `concurrency` (both settings are read
+    when it compiles)."""
     gd.config.set_overlap(overlap)
+    gd.config.set_device_concurrency(concurrency)
     try:
         step = _make(model, strategy)
         step(batch)
     finally:
         gd.config.set_overlap(True)
+        gd.config.set_device_concurrency("auto")
     return step
 
 
@@ -75,13 +97,15 @@ def _profiled(step, batch, steps: int) -> dict:
 
 
 def _measure(model: str, strategy, batch, steps: int, profile_steps: int, barrier=None,
-             slowest=lambda v: v) -> dict:
-    """{"on": {...}, "off": {...}}: median step seconds (interleaved) and the profile."""
-    made = {"on": _built(model, strategy, batch, True),
-            "off": _built(model, strategy, batch, False)}
+             slowest=lambda v: v, concurrency: str = "auto", sync=lambda: None) -> dict:
+    """{"on": {...}, "off": {...}}: median step seconds (interleaved) and the profile.
+    `sync` ends every timed call (a GPU's device synchronize)."""
+    made = {"on": _built(model, strategy, batch, True, concurrency),
+            "off": _built(model, strategy, batch, False, concurrency)}
     for step in made.values():            # warm-up: pages, kernels
         for _ in range(3):
             step(batch)
+    sync()
     samples = {k: [] for k in made}
     for _ in range(steps):
         for k, step in made.items():
@@ -89,6 +113,7 @@ def _measure(model: str, strategy, batch, steps: int, profile_steps: int, barrie
                 barrier()
             t0 = time.perf_counter()
             step(batch)
+            sync()
             samples[k].append(time.perf_counter() - t0)
     samples = slowest(samples)
     out = {}
@@ -98,11 +123,30 @@ def _measure(model: str, strategy, batch, steps: int, profile_steps: int, barrie
     return out
 
 
-def logical(model: str, args) -> dict:
+def logical(model: str, args, concurrency: str = "auto") -> dict:
     strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
     strategy.bucket_bytes = int(args.bucket_mib * 2**20)
     batch = next(iter(strategy.experimental_distribute_dataset([_data(model)])))
-    return _measure(model, strategy, batch, args.steps, args.profile_steps)
+    return _measure(model, strategy, batch, args.steps, args.profile_steps,
+                    concurrency=concurrency)
+
+
+def threads(model: str, args) -> dict:
+    return logical(model, args, "threads")
+
+
+def gpu(model: str, args) -> dict | None:
+    """4 logical GPUs over the physical ones; None where there is no GPU."""
+    if not gd.devices("gpu"):
+        return None
+    import cupy
+
+    gd.config.set_logical_device_count("gpu", 4)
+    strategy = gd.MirroredStrategy([f"gpu:{i}" for i in range(4)])
+    strategy.bucket_bytes = int(args.bucket_mib * 2**20)
+    batch = next(iter(strategy.experimental_distribute_dataset([_data(model)])))
+    return _measure(model, strategy, batch, args.steps, args.profile_steps,
+                    sync=cupy.cuda.runtime.deviceSynchronize)
 
 
 def worker(args) -> None:
@@ -158,21 +202,32 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--profile-steps", type=int, default=4)
     p.add_argument("--bucket-mib", type=float, default=1.0)
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default="mlp,gpt")
+    p.add_argument("--setups", default="logical,threads,mpi",
+                   help=f"comma-separated, of {', '.join(SETUPS)}")
+    p.add_argument("--gpu", action="store_true", help="the GPU setup only (--setups gpu)")
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-save", action="store_true")
     p.add_argument("--worker", choices=MODELS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
-        return
+        return None
+    setups = ["gpu"] if args.gpu else [s for s in args.setups.split(",")
+                                       if not (s == "mpi" and args.no_mpi)]
+    if "gpu" in setups and not gd.devices("gpu"):
+        print("bench.overlap: no GPU here (needs CuPy and a CUDA device); the GPU rows are "
+              "skipped")
+    run = {"logical": logical, "threads": threads, "mpi": mpi, "gpu": gpu}
     results = {}
     for model in args.models.split(","):
-        results[("4 logical devices", model)] = logical(model, args)
-        if not args.no_mpi:
-            got = mpi(model, args)
+        for setup in setups:
+            got = run[setup](model, args)
             if got is not None:
-                results[("2 MPI workers", model)] = got
+                results[(TITLES[setup], model)] = got
+    if not results:
+        return None
     header = ["setup", "model", "overlap", "step ms", "compute ms", "collective ms",
               "exposed ms", "exposed"]
     payload = {"bucket_mib": args.bucket_mib, "steps": args.steps,
@@ -182,7 +237,9 @@ def main(argv=None) -> None:
     else:
         table(f"Overlap: buckets of {args.bucket_mib:g} MiB, median of {args.steps} "
               "interleaved steps; profile means per step", header, rows_of(results))
-    save("overlap", payload)
+    if not args.no_save:
+        save("overlap-gpu" if setups == ["gpu"] else "overlap", payload)
+    return payload
 
 
 if __name__ == "__main__":

@@ -21,8 +21,13 @@ set +e
 nvidia-smi -L 2>/dev/null
 $PY -c "import numpy, numba, cupy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'cupy', cupy.__version__)"
 $PY -c "import graphdist as gd; print('devices:', gd.devices())"; status=$?
+# every GPU test: the backend, the kernels, check_numerics, and the overlapped program
+# (tests/gpu/test_overlap_gpu.py: NCCL on the communication streams, bits on = off)
 timeout ${GPU_TEST_LIMIT:-300} $PY -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu || status=1
 if [ -n "$OUT" ]; then export BENCH_OUT="$OUT"; fi
 timeout ${GPU_BENCH_LIMIT:-200} $PY -m bench.gpu || status=1
+# exposed communication with overlap on and off, 4 logical GPUs, the benchmark MLP
+timeout ${GPU_OVERLAP_LIMIT:-150} $PY -m bench.overlap --gpu --models mlp --steps 10 \
+  --profile-steps 3 || status=1
 echo "gpu_check: exit $status"
 exit $status

@@ -111,3 +111,31 @@ def test_the_stand_in_times_events_on_the_host_clock():
             print("OK")
     """)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_bench_overlap_gpu_says_so_without_a_gpu(capsys):
+    from bench import overlap
+
+    assert overlap.main(["--gpu", "--no-save"]) is None
+    assert "no GPU here" in capsys.readouterr().out
+
+
+def test_bench_overlap_gpu_runs_on_the_simulated_gpu():
+    """bench/overlap.py --gpu end to end on the tiny MLP (what a GPU session runs on the
+    benchmark MLP): both settings timed and profiled, the GPU collectives in the profile."""
+    proc = _simulated("""
+        import sys
+        sys.path.insert(0, "tests/gpu")
+        import fake_cupy
+        fake_cupy.install()
+        from bench import overlap
+        r = overlap.main(["--gpu", "--models", "tiny", "--steps", "1", "--profile-steps", "1",
+                          "--bucket-mib", "0.001", "--no-save"])
+        (row,) = r["results"]
+        assert row["setup"] == "4 logical GPUs", row
+        for k in ("on", "off"):
+            assert row[k]["median_s"] > 0 and row[k]["collective_s"] > 0, row
+            assert 0 <= row[k]["exposed_s"] <= row[k]["collective_s"] + 1e-12, row
+        print("OK")
+    """)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
