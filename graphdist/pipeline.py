@@ -6,6 +6,8 @@
       -> place               one device; or
          replicate           one copy per device, each collective one N-way node; or
          merge               opt-in ("merged"): logical CPU replicas as one batched program
+      -> epilogues           bias + activation into each matmul / conv2d's output pass,
+                             relu_grad + the bias gradient's sum in one (fused kernels on)
       -> lower_collectives   each N-way collective becomes what runs (passes/collectives)
       -> overlap             each host/MPI/NCCL all-reduce with compute to hide behind a
                              start and a wait (passes/overlap.py); the last stays inline
@@ -36,6 +38,7 @@ from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_co
 from graphdist.passes.accumulate import fuse_accumulate
 from graphdist.passes.collectives import lower_collectives, lowering_for
 from graphdist.passes.core import Stage
+from graphdist.passes.epilogue import fold_epilogues
 from graphdist.passes.fuse import fuse_optimizer, fuse_reduce_update
 from graphdist.passes.fuse_elementwise import fuse_elementwise
 from graphdist.passes.merge import CannotMerge, merge_replicas
@@ -82,6 +85,13 @@ def logical_passes() -> list:
     return passes
 
 
+def epilogues() -> list:
+    """With fused kernels on: each matmul / conv2d's bias add and activation folded into its
+    output pass, relu's gradient and the bias gradient's sum into one (passes/epilogue.py).
+    Runs on the placed graph, the forward and backward passes both there."""
+    return [stage("epilogues", fold_epilogues)] if config.fused_kernels() else []
+
+
 def elementwise_fusion() -> list:
     """With fused kernels on: each cluster of elementwise ops on one host device becomes one
     node running one generated loop (passes/fuse_elementwise.py), on the placed graph
@@ -116,7 +126,7 @@ def device_of(g: Graph, default: str) -> str:
 
 def one_device(g: Graph, device: str, stages: list | None = None) -> Plan:
     stages = [] if stages is None else stages
-    placed = run_passes(g, [stage("place", lambda g: place(g, device)),
+    placed = run_passes(g, [stage("place", lambda g: place(g, device)), *epilogues(),
                             *elementwise_fusion(), schedule], record=stages)
     return Plan(placed, "one_device", stages)
 
@@ -151,6 +161,7 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
     devices = tuple(strategy.devices)
     first = strategy._first_replica            # this process's first global replica
     passes = [stage("replicate", lambda _: replicate(graphs, devices, first)),
+              *epilogues(),
               stage("lower_collectives",
                     lambda g: lower_collectives(g, strategy.cross_device_ops))]
     # the fused node reads every replica's buffers in one pass: devices in host memory run
@@ -179,7 +190,7 @@ def _merged(graphs, devices, shared_args, stages: list) -> Plan | None:
     attempt: list = []
     try:
         merged = run_passes(graphs[0], [
-            stage("merge", lambda g: merge_replicas(g, devices, shared_args)),
+            stage("merge", lambda g: merge_replicas(g, devices, shared_args)), *epilogues(),
             *elementwise_fusion(), schedule],
             record=attempt)
     except CannotMerge as e:

@@ -43,8 +43,9 @@ def test_replicated_stages_in_order_each_valid_and_the_last_is_what_runs():
     stages = step.get_stages(batch)
     # overlap (the default) splits the all-reduces with compute left behind them; the
     # fused all-reduce + update takes those that stay inline
-    assert list(stages) == LOGICAL + ["replicate", "lower_collectives", "overlap",
-                                      "fuse_reduce_update", "fuse_elementwise", "schedule"]
+    assert list(stages) == LOGICAL + ["replicate", "epilogues", "lower_collectives",
+                                      "overlap", "fuse_reduce_update", "fuse_sharded_update",
+                                      "fuse_elementwise", "schedule"]
     for name, g in stages.items():
         check(g, where=name)
     assert stages["schedule"] is step.replicated_graph
@@ -62,7 +63,8 @@ def test_replicated_stages_in_order_each_valid_and_the_last_is_what_runs():
 def test_one_device_stages_place_and_schedule():
     step = _step(gd.OneDeviceStrategy("cpu:0"))
     step(np.ones((4, 3), np.float32))
-    assert list(step.stages) == LOGICAL + ["place", "fuse_elementwise", "schedule"]
+    assert list(step.stages) == LOGICAL + ["place", "epilogues", "fuse_elementwise",
+                                           "schedule"]
     assert {e.device for e in step.stages["place"].eqns} == {"cpu:0"}
 
 
@@ -78,7 +80,8 @@ def test_merged_is_opt_in_and_its_stages_say_merge():
         merged(batch)
     finally:
         gd.config.set_device_concurrency("auto")
-    assert list(merged.stages) == LOGICAL + ["merge", "fuse_elementwise", "schedule"]
+    assert list(merged.stages) == LOGICAL + ["merge", "epilogues", "fuse_elementwise",
+                                             "schedule"]
     assert merged.replicated_graph.merged
     note = merged.replicated_graph.mode_note()
     assert "merged" in note and "opt-in" in note

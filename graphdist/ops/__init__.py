@@ -7,6 +7,7 @@ from graphdist.ops import (device_collectives, host_collectives,  # noqa: F401  
 from graphdist.ops import (attention, construct, einsum, layer_norm, softmax,  # noqa: F401
                            special)  # (transformer blocks)
 from graphdist.ops import accumulate  # noqa: F401  (gradient accumulation's fused GEMM)
+from graphdist.ops import epilogue  # noqa: F401  (fused matmul/conv epilogues, passes/epilogue.py)
 from graphdist.ops.core import OPS, Op, Symbolic, bind
 
 __all__ = ["OPS", "Op", "Symbolic", "bind", "array", "collectives", "math", "nn", "optim",

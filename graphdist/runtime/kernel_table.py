@@ -33,6 +33,7 @@ import functools
 from graphdist.ir.types import LOW_PRECISION
 from graphdist.runtime.adapters import (  # noqa: F401 - registers
     accumulate, collectives, nn, optim, sparse)
+from graphdist.runtime.adapters import epilogue  # noqa: F401 - registers (fused epilogues)
 from graphdist.runtime.adapters import fused  # noqa: F401 - registers (fused elementwise)
 from graphdist.runtime.adapters.collectives import host_all_reduce_cpu  # noqa: F401 - simulate
 from graphdist.runtime.adapters.registry import (  # noqa: F401 - the registry's front

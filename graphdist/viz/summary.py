@@ -164,6 +164,18 @@ def _table(rows, header, left=(0,)) -> list:
     return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
 
 
+def fused_lines(g: Graph) -> list:
+    """One line per kind of fused node (an eqn whose `members` param names the ops it
+    replaced, e.g. passes/epilogue.py's conv2d_bias_act) and how many there are."""
+    kinds = Counter((str(e.op), dict(e.params)["members"]) for e in g.eqns
+                    if "members" in dict(e.params))
+    if not kinds:
+        return []
+    return ["fused nodes (the ops each one runs):", *(
+        f"  {op} x{n}: {' + '.join(members)}" for (op, members), n in sorted(kinds.items())),
+        ""]
+
+
 def summary(g: Graph, max_ops: int = 30) -> str:
     """A printable overview of `g`.
 
@@ -209,6 +221,7 @@ def summary(g: Graph, max_ops: int = 30) -> str:
             + ([""] if many else []) for row in MEMORY_ROWS]
     lines += _table(rows, ["memory per device", *cols])
     lines.append("")
+    lines += fused_lines(g)
     colls = s["collectives"]
     lines.append(f"collectives: {len(colls)} ({s['collective_nodes']} nodes), {s['moved']:,} "
                  f"bytes moved between devices ({human_bytes(s['moved'])})")

@@ -142,7 +142,8 @@ def test_every_lookup_gives_what_the_old_tables_gave(kind, dtype):
                     and got.args == (np,), (name, flags)
             checked += 1
     assert checked >= 4 * 90
-    assert kernel_table.exact_ops() == OLD_EXACT_FALLBACK
+    # the old tables' exact ops are still exact (kernels registered since say so themselves)
+    assert kernel_table.exact_ops() & OLD_OPS == OLD_EXACT_FALLBACK
 
 
 def test_the_registry_holds_the_old_tables_entries():
