@@ -10,7 +10,8 @@ import graphdist as gd
 from graphdist.ir import check
 
 DEVICES = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
-LOGICAL = ["trace", "dce", "cse", "simplify", "cse.2", "dce.2", "fuse_optimizer"]
+LOGICAL = ["trace", "dce", "cse", "simplify", "cse.2", "dce.2", "fuse_optimizer",
+           "fuse_accumulate"]
 
 
 def _step(strategy):
@@ -49,7 +50,7 @@ def test_replicated_stages_in_order_each_valid_and_the_last_is_what_runs():
     for name, g in stages.items():
         check(g, where=name)
     assert stages["schedule"] is step.replicated_graph
-    assert stages["fuse_optimizer"] is step.graph
+    assert stages["fuse_accumulate"] is step.graph
     # replicate leaves each collective one N-way node; lowering turns it into what runs
     joined = [e for e in stages["replicate"].eqns if e.op.name == "all_reduce"]
     assert joined and all(len(e.inputs) == len(DEVICES) for e in joined)
