@@ -91,13 +91,13 @@ class Emitter:
 
     # ------------------------------------------------------------ eqns
     def lower_eqn(self, i: int, eqn) -> None:
-        if self.events is not None:
-            self.emit("_t0 = _clock()")
-            before = len(self.lines)
-        for v in eqn.inputs:
+        for v in eqn.inputs:      # waiting for another device's value is not this eqn's time
             if v in self.imports and v not in self.name:
                 self.name[v] = f"v{next(self.counter)}"
                 self.emit(f"{self.name[v]} = {self.glob('W', self.imports[v])}()")
+        if self.events is not None:
+            self.emit("_t0 = _clock()")
+            before = len(self.lines)
         if self.streams is not None:
             self.streams.before(eqn)
         body = len(self.lines)

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -133,6 +135,27 @@ def test_threads_profile_draws_the_thread_times_on_the_collectives_lanes(concurr
     assert {e["args"]["device"] for e in overlapped} == set(DEVICES)
     report = gd.profile_report(trace)
     assert 0 <= report["exposed_s"] <= report["collective_s"] and report["collective_s"] > 0
+
+
+def test_threads_profile_does_not_time_waits_for_other_devices_as_compute(concurrency):
+    """In a profiled per-device program, waiting for a value another device sends (the
+    all-reduce's result, a part of a bucket) happens before the eqn's timer starts: time
+    blocked on another thread is not compute, and would hide exposed communication."""
+    _, _, step, batch = _mlp("threads", True, steps=1)
+    step.profile(batch)
+    waits = 0
+    for program in step._latest().profiled.programs:
+        timing = False
+        for line in program.source.splitlines():
+            line = line.strip()
+            if line == "_t0 = _clock()":
+                timing = True
+            elif line.startswith("_events.append"):
+                timing = False
+            elif re.search(r"= W\d+\(\)$", line):
+                waits += 1
+                assert not timing, line
+    assert waits > 0
 
 
 def test_merged_mode_has_no_communication_to_hide(concurrency):
