@@ -93,7 +93,7 @@ def test_each_family_fused_gives_the_unfused_bits_forward_and_gradients(family, 
         np.testing.assert_array_equal(k, w)
 
 
-def test_the_forward_value_matches_numpy(monkeypatch):
+def test_the_forward_value_matches_numpy():
     """An independent reference for one chain: numpy in float64, to float32 tolerance."""
     x, y, b, _ = inputs(np.float32, seed=3)
     f = gd.function(lambda x, y, b: gd.relu(x * 2.0 + b) * 0.5 - y)
