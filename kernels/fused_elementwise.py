@@ -119,6 +119,7 @@ def formula(op: str, args: list, params: dict, dtype: str) -> str | None:
 PRELUDE = '''\
 import math
 
+import numpy as np
 from numba import njit, prange
 
 from graphdist.kernels.gelu import (_C3K_32, _C_32, _CK_32, _HALF, _ONE, _RSQRT2_32,
