@@ -36,6 +36,7 @@ from graphdist.ops.core import normalize_axis
 from graphdist.ops.epilogue import (GELU_FORMS, conv2d_bias_act_p, matmul_bias_act_p,
                                     relu_grad_bias_sum_p)
 from graphdist.ops.math import add_p, matmul_p, relu_grad_p, relu_p, sum_p
+from graphdist.ops.pool import max_pool2d_grad_p
 from graphdist.ops.special import gelu_grad_p, gelu_p
 from graphdist.passes.fuse import stable_topological
 
@@ -46,7 +47,7 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 def fold_epilogues(g: Graph) -> Graph:
     """`g` with each bias + activation folded into its matmul / conv2d, and each relu_grad
     + bias-gradient sum fused (see the module docstring); `g` itself when none applies."""
-    return _fold_backward(_fold_forward(g))
+    return _fold_backward(_relu_grad_before_pool(_fold_forward(g)))
 
 
 # ---------------------------------------------------------------- reading the graph
@@ -208,6 +209,48 @@ def _fuse_forward(g: Graph, replaced: dict, base, members: list, bias, pre, act,
 
 
 # ---------------------------------------------------------------- backward
+
+
+def _relu_grad_before_pool(g: Graph) -> Graph:
+    """relu_grad(max_pool2d_grad(x, y, dy), x) -> max_pool2d_grad(x, y, relu_grad(dy, y)):
+    each window's gradient goes to its first max, where x equals y, so masking by y > 0
+    before the routing is masking by x > 0 after it (NaN: not > 0 either way) - on the
+    pooled tensor, a quarter of the size for 2x2 windows. A sum of the routed gradient
+    over every axis but the last (the bias gradient) sums the pooled one instead (each
+    window routes its value to one position); the backward fold then fuses that sum."""
+    uses = _Uses(g)
+    producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
+    replaced: dict = {}
+    for r, eqn in enumerate(g.eqns):
+        if eqn.op is not relu_grad_p or eqn.outputs[0].ty.dtype not in FLOATS:
+            continue
+        ct, x = eqn.inputs
+        p = producer.get(ct)
+        if p is None or p in replaced or uses.only_reader(ct) != r:
+            continue
+        pool = g.eqns[p]
+        if pool.op is not max_pool2d_grad_p or pool.inputs[0] is not x or \
+                pool.device != eqn.device or not isinstance(pool.inputs[2], Var):
+            continue
+        _, y, dy = pool.inputs
+        masked = Var(dy.ty, None, dy.device)
+        replaced[p] = None
+        replaced[r] = [replace(eqn, inputs=(dy, y), outputs=(masked,)),
+                       replace(pool, inputs=(x, y, masked), outputs=eqn.outputs)]
+        dz = eqn.outputs[0]
+        for i, _ in uses.of(dz):
+            e = g.eqns[i]
+            if e.op is sum_p and not _param(e, "keepdims") and \
+                    normalize_axis("reduce_sum", _param(e, "axis"), dz.ty.ndim) == \
+                    tuple(range(dz.ty.ndim - 1)):
+                replaced[i] = replace(e, inputs=(masked,))
+    if not replaced:
+        return g
+    eqns = []
+    for i, e in enumerate(g.eqns):
+        new = replaced.get(i, e)
+        eqns += new if isinstance(new, list) else [new] if new is not None else []
+    return replace(g, eqns=tuple(eqns))
 
 
 def _bias_sum(g: Graph, uses: _Uses, dz):

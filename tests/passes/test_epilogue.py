@@ -262,3 +262,38 @@ def test_views_show_the_fused_nodes_and_their_members(tmp_path):
     html = g.to_html(tmp_path / "g.html")
     page = (tmp_path / "g.html").read_text() if html is None or len(html) < 200 else html
     assert "members=(conv2d,add,relu)" in page
+
+
+@pytest.mark.parametrize("pool", [(2, 2, "VALID"), (3, 2, "SAME")])
+def test_relu_gradient_moves_before_the_pool_gradient(pool, without_epilogues):
+    """conv + bias + relu + max pool: relu's gradient and the bias gradient's sum run on the
+    pooled gradient (masked where the window's max is not > 0), then the pool's gradient
+    routes it; gradients as the unfused program's, overlapping windows included."""
+    ksize, stride, padding = pool
+    x, w, b = _params("conv", 3, True, seed=4)
+    x[0, :3, :3, :] = -5.0                       # some windows all negative after relu
+
+    def run():
+        vs = [gd.Variable(a, name=n) for a, n in zip((x, w, b), "xwb")]
+
+        @gd.function
+        def step(t):
+            with gd.GradientTape() as tape:
+                h = gd.nn.max_pool2d(_conv_layer(vs[0], vs[1], vs[2], "relu"), ksize, stride,
+                                     padding)
+                loss = gd.reduce_sum(h * t)
+            return loss, tape.gradient(loss, vs)
+
+        t = np.random.default_rng(5).standard_normal((4, 4, 4, 8)).astype(np.float32)
+        return step(t), step.replicated_graph
+
+    (loss1, g1), fused = run()
+    without_epilogues()
+    (loss0, g0), _ = run()
+    (back,) = [e for e in fused.eqns if e.op.name == "relu_grad_bias_sum"]
+    (route,) = [e for e in fused.eqns if e.op.name == "max_pool2d_grad"]
+    assert route.inputs[2] is back.outputs[0]                # routed after the mask
+    assert back.outputs[0].ty.shape == (4, 4, 4, 8)           # on the pooled gradient
+    np.testing.assert_allclose(loss1, loss0, rtol=1e-6)
+    for a, b0 in zip(g1, g0):
+        np.testing.assert_allclose(a, b0, rtol=1e-5, atol=1e-5)
