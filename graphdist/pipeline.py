@@ -13,6 +13,8 @@
                              start and a wait (passes/overlap.py); the last stays inline
       -> fuse_reduce_update  an inline host all-reduce + every replica's optimizer update,
                              one pass
+      -> fuse_sharded_update zero_stage > 0 on host devices: a bucket's reduce-scatter,
+                             every replica's shard update and the all-gather, one pass
       -> fuse_elementwise    each cluster of elementwise ops one generated loop (fused
                              kernels on)
       -> schedule            order and buffer liveness
@@ -41,6 +43,7 @@ from graphdist.passes.core import Stage
 from graphdist.passes.epilogue import fold_epilogues
 from graphdist.passes.fuse import fuse_optimizer, fuse_reduce_update
 from graphdist.passes.fuse_elementwise import fuse_elementwise
+from graphdist.passes.fuse_zero import fuse_sharded_update
 from graphdist.passes.merge import CannotMerge, merge_replicas
 from graphdist.passes.overlap import overlap_collectives
 from graphdist.passes.replicate import replicate
@@ -175,6 +178,8 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
         passes.append(stage("overlap", overlap_collectives))
     if config.fused_kernels() and mode == "sequential" and host:
         passes.append(fuse_reduce_update)
+        # zero_stage > 0: a bucket's reduce-scatter, sharded update and all-gather, one node
+        passes.append(fuse_sharded_update)
     passes += elementwise_fusion()
     passes.append(schedule)
     return Plan(run_passes(graphs[0], passes, record=stages), mode, stages)

@@ -3,7 +3,7 @@
 from graphdist.ops import (array, collectives, control_flow, conv, division, logic,  # noqa: F401
                            math, nn, optim, pool, random, state)  # (each registers its ops)
 from graphdist.ops import (device_collectives, host_collectives,  # noqa: F401  (fused collectives)
-                           mpi_collectives)
+                           mpi_collectives, zero_collectives)
 from graphdist.ops import (attention, construct, einsum, layer_norm, softmax,  # noqa: F401
                            special)  # (transformer blocks)
 from graphdist.ops import accumulate  # noqa: F401  (gradient accumulation's fused GEMM)

@@ -209,15 +209,16 @@ def _fused(reduce_eqn, updates: list, offsets: tuple) -> list:
     return nodes
 
 
-def _split_updates_by_bucket(g: Graph) -> Graph:
-    """Cut each multi-tensor update whose gradients come from several host all-reduces into
-    one update per all-reduce (the tensors' updates are independent; order is kept)."""
+def _split_updates_by_bucket(g: Graph, source=host_all_reduce_p) -> Graph:
+    """Cut each multi-tensor update whose gradients come from several host all-reduces (or
+    other `source` collectives: the reduce-scatters of zero_stage > 0) into one update per
+    collective (the tensors' updates are independent; order is kept)."""
     producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
 
     def bucket_of(v):
         while isinstance(v, Var) and v in producer:
             e = g.eqns[producer[v]]
-            if e.op is host_all_reduce_p:
+            if e.op is source:
                 return producer[v]
             if e.op is not reshape_p and e.op is not split_p:
                 return None
@@ -234,8 +235,8 @@ def _split_updates_by_bucket(g: Graph) -> Graph:
         if len(set(sources)) < 2 or None in sources:
             continue
         parts = []
-        for source in dict.fromkeys(sources):          # first-seen order
-            js = [j for j in range(n) if sources[j] == source]
+        for bucket in dict.fromkeys(sources):          # first-seen order
+            js = [j for j in range(n) if sources[j] == bucket]
             ins = tuple(v for j in js for v in eqn.inputs[j * multi.k:(j + 1) * multi.k])
             outs = tuple(v for j in js for v in eqn.outputs[j * multi.outs:(j + 1) * multi.outs])
             params = tuple(sorted(dict(eqn.params, n=len(js)).items()))

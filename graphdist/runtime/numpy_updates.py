@@ -167,3 +167,39 @@ def _reduce_chunk(bufs, start: int, stop: int, mean: bool, acc) -> None:
         np.add(acc, x[start:stop], out=acc)
     if mean:
         np.divide(acc, acc.dtype.type(len(bufs)), out=acc)
+
+
+def sharded_update(*ins, update, reduce, replicas, width, offsets, lengths, n, variables=(),
+                   members=(), **params):
+    """The reduce-scatter + each replica's update of its shard + the all-gather
+    (host_reduce_scatter_update_all_gather), chunk by chunk as the kernel: member j's chunk
+    r summed in replica order (/ replicas for a mean), replica r's parameter chunk (zeros
+    past its size) and slot shards updated with its own hyper vector, and the new values
+    written into every replica's parameter."""
+    from graphdist.ops.zero_collectives import kernel_inputs
+
+    params = dict(params, update=update, replicas=replicas, n=n)
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"{update}: expected reduce 'sum' or 'mean', got {reduce!r}")
+    bufs, lists, hypers = kernel_inputs(ins, params)
+    bufs = [np.asarray(b).reshape(-1) for b in bufs]
+    programs = [_program(update, h, bufs[0], params) for h in hypers]
+    kept = len(lists)
+    for j, (offset, length) in enumerate(zip(offsets, lengths)):
+        for r in range(replicas):
+            ps = [_flat("host_sharded_update", lists[0][k * n + j]) for k in range(replicas)]
+            slots = [_flat("host_sharded_update", lists[q][r * n + j]) for q in range(1, kept)]
+            size = ps[r].size
+            *scratch, acc = _scratch(bufs[0].dtype, min(CHUNK, length))
+            p = np.empty(min(CHUNK, length), bufs[0].dtype)
+            for a, b in _chunks(length):
+                at = r * width + offset
+                _reduce_chunk(bufs, at + a, at + b, reduce == "mean", acc[:b - a])
+                lo, hi = min(r * length + a, size), min(r * length + b, size)
+                p[:hi - lo] = ps[r][lo:hi]
+                p[hi - lo:b - a] = 0
+                program, scalars = programs[r]
+                program([p[:b - a], *(s[a:b] for s in slots)], (acc[:b - a],),
+                        [x[:b - a] for x in scratch], scalars)
+                for k in range(replicas):
+                    ps[k][lo:hi] = p[:hi - lo]

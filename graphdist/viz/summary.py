@@ -9,6 +9,7 @@ from collections import Counter
 from graphdist.ir import Graph, Var
 from graphdist.ops.collectives import all_reduce_p, broadcast_p
 from graphdist.ops.host_collectives import host_reduce_update_p
+from graphdist.ops.zero_collectives import host_sharded_update_p
 from graphdist.viz.model import (collective_groups, collective_totals, human_bytes,
                                   human_count, read)
 
@@ -89,6 +90,10 @@ def memory_bytes(g: Graph) -> dict:
                 if isinstance(v, Var) and v not in buckets:             # shares them
                     buckets.add(v)
                     add(v.device, "gradients", v.ty.nbytes)
+        elif eqn.op is host_sharded_update_p:   # zero_stage > 0: each replica's reduced
+            params = dict(eqn.params)          # shard, summed chunk by chunk
+            for v in eqn.inputs[:params["replicas"]]:
+                add(v.device, "gradients", sum(params["lengths"]) * v.ty.dtype.itemsize)
     for d, nbytes in peak.items():
         add(d, "peak activations", nbytes)
     return out

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from graphdist.viz.summary import stats
 
 RNG = np.random.default_rng(3)
 W0 = RNG.standard_normal((5, 3)).astype(np.float32)
@@ -322,3 +323,174 @@ def test_sharded_state_outside_a_replica_is_refused():
         opt.apply_gradients([(np.ones_like(W0), w)])
     np.testing.assert_array_equal(w.numpy(), W0)         # nothing changed
     assert int(opt.iterations.numpy()) == 0
+
+
+# ---------------------------------------------------------------- the fused sharded update
+# On logical CPU devices run as one program (fused kernels on), passes/fuse_zero.py makes
+# each bucket's reduce-scatter, every replica's shard update and the all-gather one
+# host_reduce_scatter_update_all_gather node (kernels/sharded_update.py).
+
+FUSED = "host_reduce_scatter_update_all_gather"
+
+
+def _trained(run, batches=DATA):
+    """Train, with the kernels loaded after the first step, so the later steps run the
+    Numba kernel and the first its numpy twin (both give the same bits)."""
+    from graphdist.function import _kernels_loaded
+
+    if batches[0] is not None:
+        run.train(batches[:1])
+    _kernels_loaded()
+    return run.train(batches[1:])
+
+
+@pytest.fixture
+def unfused(monkeypatch):
+    """Run(...) trained on `batches` as _trained does, its step compiled without the
+    fusion: the reduce-scatter, updates and all-gather apart."""
+    import graphdist.pipeline as pipeline
+
+    def build(*args, batches=DATA, **kw):
+        with monkeypatch.context() as m:
+            m.setattr(pipeline, "fuse_sharded_update", lambda g: g)
+            run = Run(*args, **kw).train(batches[:1])       # compiled here
+        return _trained(run, [None, *batches[1:]])
+    return build
+
+
+def _fused_nodes(run) -> list:
+    return [e for e in run.step.replicated_graph.eqns if e.op.name == FUSED]
+
+
+def test_the_fused_node_replaces_reduce_scatter_updates_and_all_gather():
+    run = Run(1, "adam", 4).train(DATA[:1])
+    (node,) = _fused_nodes(run)                       # w and b share one bucket
+    params = dict(node.params)
+    assert params["variables"] == ("w", "b") and params["update"] == "adam_multi_update"
+    assert params["members"] == ("host_reduce_scatter", "adam_multi_update", "host_all_gather")
+    assert params["lengths"] == (4, 1) and params["offsets"] == (0, 4)   # ceil(15/4), ceil(3/4)
+    names = {e.op.name for e in run.step.replicated_graph.eqns}
+    assert not names & {"host_reduce_scatter", "host_all_gather", "adam_multi_update",
+                        "gather"}
+    text = str(run.step.replicated_graph)
+    assert f"{FUSED}[" in text and "variables=(w,b)" in text.replace("'", "").replace(" ", "")
+    assert "fuse_sharded_update" in run.step.stages
+    summary = run.step.replicated_graph.summary()
+    assert FUSED in summary                                  # among the ops and collectives
+    memory = stats(run.step.replicated_graph)["memory"]
+    for row in memory.values():       # the reduced shard: ceil(15 / 4) + ceil(3 / 4) floats
+        assert row["gradients"] == 4 * (4 + 1)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam", "adamw"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_fused_node_gives_the_unfused_bits(kind, n, unfused):
+    fused = _trained(Run(1, kind, n))
+    apart = unfused(1, kind, n)
+    assert _fused_nodes(fused) and not _fused_nodes(apart)
+    _assert_same(fused.state(), apart.state())
+    _assert_same(fused.state(), _trained(Run(0, kind, n)).state())     # and stage 0's
+    for var in (fused.w, fused.b):
+        for component in var.values[1:]:
+            np.testing.assert_array_equal(component, var.values[0])
+
+
+def test_loss_scaling_keeps_the_reduce_scatter_apart(unfused):
+    # LossScaleOptimizer reads the reduced shards (are they finite?) before any update
+    # may land: the bucket stays three nodes, and the step gives what it gave before
+    bad = DATA[1][0].copy()
+    bad[7, 0] = np.inf
+    batches = [DATA[0], (bad, DATA[1][1]), DATA[2], DATA[3]]
+    fused = _trained(Run(1, "adam", 4, loss_scale=True), batches)
+    apart = unfused(1, "adam", 4, loss_scale=True, batches=batches)
+    assert not _fused_nodes(fused)
+    assert int(fused.opt.iterations.numpy()) == 3
+    _assert_same(fused.state(), apart.state())
+
+
+def test_clipping_by_global_norm_keeps_the_reduce_scatter_apart(unfused):
+    # the update reads the clipped shards, which need every shard's norm first: the
+    # bucket stays three nodes, and the step gives what it gave before
+    fused = _trained(Run(1, "adam", 4, global_clipnorm=0.05))
+    apart = unfused(1, "adam", 4, global_clipnorm=0.05)
+    assert not _fused_nodes(fused)
+    assert any(e.op.name == "host_reduce_scatter" for e in fused.step.replicated_graph.eqns)
+    _assert_same(fused.state(), apart.state())
+    _assert_same(fused.state(), _trained(Run(0, "adam", 4, global_clipnorm=0.05)).state(),
+                 exact=False)
+
+
+def test_many_members_split_into_nodes_of_at_most_16_tensors(unfused):
+    shapes = [(3,), (2, 2), (5,), (1,), (7,)]
+    rng = np.random.default_rng(5)
+    initial = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+    def run(build_unfused):
+        import graphdist.pipeline as pipeline
+
+        strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)], zero_stage=1)
+        with strategy.scope():
+            ws = [gd.Variable(p, name=f"v{i}") for i, p in enumerate(initial)]
+            opt = gd.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.01)
+
+        @gd.function
+        def step():
+            def replica_fn():
+                with gd.GradientTape() as tape:
+                    loss = sum(gd.reduce_sum(gd.square(w) * gd.sin(w)) for w in ws)
+                opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
+            return strategy.run(replica_fn)
+
+        saved = pipeline.fuse_sharded_update
+        if build_unfused:
+            pipeline.fuse_sharded_update = lambda g: g
+        try:
+            step()
+        finally:
+            pipeline.fuse_sharded_update = saved
+        for _ in range(3):
+            step()
+        nodes = [e for e in step.replicated_graph.eqns if e.op.name == FUSED]
+        return [w.numpy() for w in ws], nodes
+
+    (got, nodes), (want, none) = run(False), run(True)
+    assert [dict(e.params)["n"] for e in nodes] == [4, 1] and not none   # 4 x 4, 4 x 1
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("save,restore", [((1, 4), (0, 2)), ((0, 2), (1, 4)),
+                                          ((1, 2), (1, 4))])
+def test_the_fused_node_saves_and_restores_whole_slots(tmp_path, save, restore, unfused):
+    """Save after 2 steps, restore into another replica count and stage, train 2 more:
+    with the fused node the same bits as with the nodes apart, and whole slots in the
+    file."""
+    def through_checkpoint(build, folder):
+        first = build(save[0], "adam", save[1], batches=DATA[:2])
+        path = gd.Checkpoint(w=first.w, b=first.b, opt=first.opt).save(
+            tmp_path / f"{folder}.npz")
+        with np.load(path) as f:
+            assert f["opt/slots/w/m"].shape == (5, 3)
+        second = Run(restore[0], "adam", restore[1])
+        gd.Checkpoint(w=second.w, b=second.b, opt=second.opt).restore(path).assert_consumed()
+        _assert_same(first.state(), second.state())
+        return first, second
+
+    def fused(*args, batches, **kw):
+        return _trained(Run(*args, **kw), batches)
+
+    first, second = through_checkpoint(fused, "fused")
+    second.train(DATA[2:])
+    assert bool(_fused_nodes(first)) == (save[0] > 0)
+    assert bool(_fused_nodes(second)) == (restore[0] > 0)
+    first_apart, second_apart = through_checkpoint(unfused, "apart")
+    _assert_same(first.state(), first_apart.state())
+    import graphdist.pipeline as pipeline
+
+    saved, pipeline.fuse_sharded_update = pipeline.fuse_sharded_update, lambda g: g
+    try:
+        second_apart.train(DATA[2:])
+    finally:
+        pipeline.fuse_sharded_update = saved
+    assert not _fused_nodes(second_apart)
+    _assert_same(second.state(), second_apart.state())

@@ -529,6 +529,8 @@ INTERNAL_TESTED_ELSEWHERE = {
     "mpi_broadcast": "tests/distribute/test_multi_worker.py (made by the mpi lowering of broadcast)",
     "nccl_all_reduce": "tests/distribute/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
     "host_reduce_update": "tests/kernels/test_reduce_update.py (made by fuse_reduce_update)",
+    "host_reduce_scatter_update_all_gather": "tests/kernels/test_sharded_update.py (made by "
+                                             "fuse_sharded_update)",
     "matmul_bias_act": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
     "conv2d_bias_act": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
     "relu_grad_bias_sum": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",

@@ -68,3 +68,28 @@ def nccl_all_reduce_gpu(outs, *xs, op, devices):
     from graphdist.runtime.gpu_collectives import nccl_all_reduce
 
     nccl_all_reduce(outs, *xs, op=op, devices=devices)
+
+
+@register_kernel("host_reduce_scatter_update_all_gather", kind="cpu",
+                 numpy=numpy_updates.sharded_update, exact=True)
+def sharded_update_cpu(*ins, update, reduce, replicas, width, offsets, lengths, n, variables,
+                       members, **params):
+    """The fused reduce-scatter + each replica's update of its shard + all-gather of the
+    parameters (zero_stage > 0; updated in place)."""
+    from graphdist.kernels.formulas import AdamHyper, MomentumHyper, SGDHyper
+    from graphdist.kernels.sharded_update import sharded_adam_cpu, sharded_sgd_cpu
+    from graphdist.ops.zero_collectives import kernel_inputs
+
+    bufs, lists, hypers = kernel_inputs(ins, dict(update=update, replicas=replicas, n=n))
+    layout = (bufs, width, offsets, lengths)
+    if update == "adam_multi_update":
+        h = AdamHyper.decode(hypers[0])
+        sharded_adam_cpu(*layout, *lists, [AdamHyper.decode(x).lr_t for x in hypers], reduce,
+                         h.beta_1, h.beta_2, h.epsilon, h.weight_decay_lr or 0.0)
+    elif update == "sgd_momentum_multi_update":
+        h = MomentumHyper.decode(hypers[0])
+        sharded_sgd_cpu(*layout, lists[0], lists[1], reduce, h.lr, h.momentum,
+                        params["nesterov"], h.weight_decay)
+    else:
+        h = SGDHyper.decode(hypers[0])
+        sharded_sgd_cpu(*layout, lists[0], None, reduce, h.lr, 0.0, False, h.weight_decay)
