@@ -280,3 +280,45 @@ def test_fused_kernels_off_runs_no_stage():
         assert "fuse_elementwise" not in f.stages
     finally:
         gd.config.set_fused_kernels(True)
+
+
+def _train(make, batch, fused: bool, monkeypatch) -> tuple:
+    """Losses of three steps and the variables after them, from the same start."""
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(pipeline, "elementwise_fusion", lambda: [])
+        step, variables = make()
+        losses = [float(step(batch))]
+    warmup.wait()
+    losses += [float(step(batch)) for _ in range(2)]
+    nodes = fused_nodes(step.replicated_graph)
+    return losses, [v.numpy() for v in variables], nodes
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt2"])
+def test_a_training_step_on_two_replicas_gives_the_unfused_bits(model, monkeypatch):
+    """The benchmark MLP and the GPT-2-style step (tanh GELU, additive mask; bench/models.py)
+    on 2 replicas with Adam: three steps fused and unfused, the same losses and variables
+    bit for bit (every fused kernel is exact)."""
+    from bench.models import make_gpt2_step, make_step
+    from bench.peers.common import data
+    from bench.peers.gpt_common import gpt2_data
+
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    if model == "mlp":
+        x, y = data()
+        batch = (x[:256], y[:256])
+        make = lambda: make_step(strategy)          # noqa: E731
+    else:
+        ids, targets = gpt2_data()
+        batch = (ids[:8], targets[:8])
+        make = lambda: make_gpt2_step(strategy)     # noqa: E731
+    batch = next(iter(strategy.experimental_distribute_dataset([batch])))
+    fused_losses, fused_vars, nodes = _train(make, batch, True, monkeypatch)
+    losses, variables, none = _train(make, batch, False, monkeypatch)
+    assert not none
+    if model == "gpt2":
+        assert {e.device for e in nodes} == {"cpu:0", "cpu:1"}
+    assert fused_losses == losses
+    for a, b in zip(fused_vars, variables):
+        np.testing.assert_array_equal(a, b)
