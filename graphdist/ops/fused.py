@@ -1,7 +1,7 @@
 """fused_elementwise: a cluster of elementwise ops run as one node (the fuse_elementwise
 stage, passes/fuse_elementwise.py, makes it; no user code binds it).
 
-    fused_elementwise[body=B, formula=F]  *inputs -> *outputs
+    fused_elementwise[body=B, formula=F, members=(op, ...)]  *inputs -> *outputs
 
 `body` holds the members as a sub-graph (docs/ir.md, "Sub-graphs"): its inputs are the
 cluster's inputs (arrays of the output's shape, bias rows broadcast along the leading axes,
@@ -9,7 +9,8 @@ scalars), its outputs the member values read outside the cluster. So the text fo
 HTML viewer (a group that opens), networkx and the summary show the node with its members.
 `formula` is the members' wiring as text (`t0=mul(x0,x1) t1=add(t0,x2) -> t1`): the key the
 CPU kernel is generated and cached under (runtime/adapters/fused.py), which also makes each
-cluster's kernel call distinct for the warm-up.
+cluster's kernel call distinct for the warm-up. `members` names the member ops in order (what
+the summary lists for every fused node).
 
 The impl runs the members one after another on their numpy impls (the reference
 interpreter); the CPU's generated kernel and its numpy twin are the runtime's.
@@ -43,7 +44,7 @@ def describe(body) -> str:
 
 
 @fused_elementwise_p.def_shape
-def _fused_shape(*ins, body, formula):
+def _fused_shape(*ins, body, formula, members):
     expected = tuple(v.ty for v in body.inputs)
     if ins != expected:
         raise ShapeError(f"fused_elementwise: its members take {expected}, got {ins}")
@@ -51,12 +52,12 @@ def _fused_shape(*ins, body, formula):
 
 
 @fused_elementwise_p.def_impl
-def _fused_impl(xp, *ins, body, formula):
+def _fused_impl(xp, *ins, body, formula, members):
     return evaluate(body, *ins)
 
 
 @fused_elementwise_p.def_out
-def _fused_out(xp, out, *ins, body, formula):
+def _fused_out(xp, out, *ins, body, formula, members):
     """The members' results written into `out` (a tuple for several outputs). Never given an
     input's buffer: the members run one after another."""
     outs = out if isinstance(out, tuple) else (out,)
@@ -65,7 +66,7 @@ def _fused_out(xp, out, *ins, body, formula):
 
 
 @fused_elementwise_p.def_cost
-def _fused_cost(ins, outs, *, body, formula):
+def _fused_cost(ins, outs, *, body, formula, members):
     """The members' FLOPs; the bytes of the cluster's inputs and outputs only (what fusion
     saves is the members' intermediate traffic)."""
     flops, _ = graph_cost(body)

@@ -206,5 +206,6 @@ def _fused_eqn(g: Graph, members: list, outputs: set, users: dict) -> Eqn | None
                  devices=g.devices)
     last = eqns[-1]
     return Eqn(fused_elementwise_p, tuple(ins), tuple(results),
-               (("body", body), ("formula", describe(body))), device=last.device,
+               (("body", body), ("formula", describe(body)),
+                ("members", tuple(e.op.name for e in eqns))), device=last.device,
                scope=last.scope, source=last.source)

@@ -260,7 +260,7 @@ def test_the_views_show_the_members(tmp_path):
     ops = {d.get("op") for _, d in graph.nodes(data=True)}
     assert {"fused_elementwise", "add", "relu", "mul"} <= ops
     assert nx.is_directed_acyclic_graph(graph)
-    assert "fused_elementwise" in g.summary()
+    assert "fused_elementwise x1: add + relu + mul" in g.summary()
 
 
 def test_stages_and_cli_show_the_stage(capsys):

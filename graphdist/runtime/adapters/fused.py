@@ -79,7 +79,7 @@ def _member_form(op):
     return entry.numpy_out
 
 
-def fused_elementwise_numpy(out, *ins, body, formula):
+def fused_elementwise_numpy(out, *ins, body, formula, members):
     """The members one after another, each on the numpy form that gives its kernel's bits
     (the reference order), then the results copied into `out` (a tuple for several)."""
     env = dict(zip(body.inputs, ins))
@@ -102,7 +102,7 @@ def fused_elementwise_numpy(out, *ins, body, formula):
 
 @register_kernel("fused_elementwise", kind="cpu", out=True, numpy=fused_elementwise_numpy,
                  exact=True)
-def fused_elementwise_cpu(out, *ins, body, formula):
+def fused_elementwise_cpu(out, *ins, body, formula, members):
     """The cluster's generated loop over the flattened output(s), parallel over rows; the
     numpy twin where the operands do not fit it (an output that is not C-contiguous)."""
     from graphdist.kernels.fused_elementwise import run
@@ -111,7 +111,7 @@ def fused_elementwise_cpu(out, *ins, body, formula):
     ins = [np.asarray(x) for x in ins]
     plan = _plan(body, formula, ins, outs[0].shape)
     if not plan.ok or not all(o.flags.c_contiguous for o in outs):
-        fused_elementwise_numpy(out, *ins, body=body, formula=formula)
+        fused_elementwise_numpy(out, *ins, body=body, formula=formula, members=members)
         return
     run(plan.source, plan.kinds, plan.cols, [_flat_input(x) for x in ins], plan.literals,
         [o.reshape(-1) for o in outs])
