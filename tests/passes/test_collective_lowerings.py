@@ -572,6 +572,9 @@ def test_declared_properties_replace_name_checks():
     assert [n for n, c in LOWERINGS.items() if c.runs_inline] == ["mpi"]
     assert [n for n, c in LOWERINGS.items() if c.fused_host_node] == ["host"]
     assert [n for n, c in LOWERINGS.items() if c.uses_groups] == ["hierarchical"]
+    # one node the overlap stage can start early: the copy lowerings have none
+    assert sorted(n for n, c in LOWERINGS.items() if c.splits_to_overlap) == [
+        "host", "mpi", "nccl"]
 
 
 def test_registering_a_lowering_needs_an_all_reduce_and_its_cost():
