@@ -241,3 +241,66 @@ def run_peers(own: str, peers, base: float, no_peers: bool = False, *args) -> di
 
 
 COLD = "BENCH_COLD_CACHE"    # set for a run of graphdist's own script on an empty Numba cache
+
+
+# ---------------------------------------------------------------- as on a user's machine
+OPENBLAS_PIN = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def unpinned_rerun(module: str, argv) -> bool:
+    """Run `python -m module argv` again in a new process without the environment's OpenBLAS
+    pin (OpenBLAS reads it when it loads, so this process cannot drop it), saying so on
+    stderr; False when there is no pin to drop (then the caller runs here). Its peers then
+    start without the pin too."""
+    from graphdist.device.threads import ENV_SET
+
+    pinned = {k: os.environ[k] for k in OPENBLAS_PIN
+              if k in os.environ and ENV_SET.get(k) != os.environ[k]}
+    if not pinned:
+        return False
+    print(f"{module}: running again without the environment's OpenBLAS pin "
+          f"({', '.join(f'{k}={v}' for k, v in pinned.items())}), as on a user's machine",
+          file=sys.stderr)
+    env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_PIN}
+    subprocess.run([sys.executable, "-m", module, *argv], env=env, cwd=ROOT, check=True)
+    return True
+
+
+# What each peer script imports, by its name's prefix (bench/peers/tf_*.py: TensorFlow).
+FRAMEWORKS = {"tf": "tensorflow", "torch": "torch", "jax": "jax"}
+
+
+def missing_frameworks(python: str | None) -> dict:
+    """{framework: why} for those that the peers' Python cannot import: every one when there
+    is no benchmark environment (`make bench` builds .venv-bench)."""
+    if python is None:
+        return {f: "no benchmark environment (.venv-bench: `make bench`)"
+                for f in FRAMEWORKS.values()}
+    probe = ("import importlib.util as u; print(' '.join(m for m in "
+             f"{tuple(FRAMEWORKS.values())!r} if u.find_spec(m) is None))")
+    done = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    missing = done.stdout.split() if done.returncode == 0 else list(FRAMEWORKS.values())
+    return {f: f"{f} is not installed in {python}" for f in missing}
+
+
+def run_peer_rows(peers, base: float, no_peers: bool = False, *args) -> dict:
+    """{name: result} of each (module, devices) in `peers` (bench/peers/ scripts run by the
+    peers' Python), `vs_graphdist_1` their median over `base`; a peer that did not run gets
+    a row that says why instead of a timing: `--no-peers`, not installed, or failed (its
+    error went to stderr)."""
+    python = None if no_peers else peer_python()
+    missing = missing_frameworks(python)
+    out = {}
+    for module, devices in peers:
+        script = module.rsplit(".", 1)[-1]
+        label = f"{script} --devices {devices}"
+        framework = FRAMEWORKS[script.split("_", 1)[0]]
+        if no_peers:
+            out[label] = {"status": "not run (--no-peers)"}
+        elif framework in missing:
+            out[label] = {"status": f"not installed: {missing[framework]}"}
+        elif (r := run_peer(python, module, "--devices", str(devices), *args)) is None:
+            out[label] = {"status": "failed (its error is above, on stderr)"}
+        else:
+            out[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
+    return out

@@ -25,11 +25,12 @@ PEERS = [("bench.peers.jax_gpt", 1), ("bench.peers.tf_gpt", 1), ("bench.peers.to
          ("bench.peers.jax_gpt", 4), ("bench.peers.tf_gpt", 4)]
 
 
-def op_profile(repeat: int = 7) -> tuple[dict, dict]:
-    """graphdist's one-device step: ms per op group and per op (each op's median over
-    `repeat` runs of f.profile after a warm-up: other work on the machine skews a mean)."""
-    batch = gpt_data()
-    step, _ = make_gpt_step(gd.OneDeviceStrategy("cpu:0"))
+def op_profile(repeat: int = 7, make=make_gpt_step, data=gpt_data) -> tuple[dict, dict]:
+    """graphdist's one-device step (`make`'s, on data()): ms per op group and per op (each
+    op's median over `repeat` runs of f.profile after a warm-up: other work on the machine
+    skews a mean)."""
+    batch = data()
+    step, _ = make(gd.OneDeviceStrategy("cpu:0"))
     for _ in range(3):
         step.profile(batch)                # the profiled program's first runs touch its pages
     runs: dict = {}
@@ -71,21 +72,27 @@ def main(argv=None) -> dict:
     python = None if args.no_peers else peer_python()
     torch = run_peer(python, "bench.peers.torch_gpt", "--profile") if python else None
     theirs = torch["ops_s"] if torch else {}
-    names = sorted(set(groups) | set(theirs), key=lambda k: -groups.get(k, 0.0))
-    other = ", ".join(f"{k} {v:.2f}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])
-                      if op_group(k) == "other" and v >= 0.1)
-    ops_text = table(f"one-device step per op group, ms: graphdist's profile next to "
-                     f"PyTorch's (torch.profiler, self CPU time; its autograd engine counts as "
-                     f"other)\ngraphdist's other ops, ms: {other}",
-                     ["op group", "graphdist ms", "PyTorch ms"],
-                     [[k, groups.get(k, ""), theirs[k] * 1e3 if k in theirs else ""]
-                      for k in names] +
-                     [["total", sum(groups.values()), sum(theirs.values()) * 1e3 or ""]])
+    ops_text = op_groups_table(groups, ops, theirs)
     save("gpt", {"results": entry, "max_param_diff_after_3_steps": diff, "ops_ms": ops,
                  "op_groups_ms": groups, "torch_op_groups_ms": {k: v * 1e3 for k, v in
                                                                 theirs.items()},
                  "table": text + "\n\n" + ops_text})
     return entry
+
+
+def op_groups_table(groups: dict, ops: dict, theirs: dict) -> str:
+    """graphdist's op groups (ms) beside PyTorch's (seconds, torch_gpt.py --profile), and
+    graphdist's ops that fall in no group."""
+    names = sorted(set(groups) | set(theirs), key=lambda k: -groups.get(k, 0.0))
+    other = ", ".join(f"{k} {v:.2f}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])
+                      if op_group(k) == "other" and v >= 0.1)
+    return table(f"one-device step per op group, ms: graphdist's profile next to "
+                 f"PyTorch's (torch.profiler, self CPU time; its autograd engine counts as "
+                 f"other)\ngraphdist's other ops, ms: {other}",
+                 ["op group", "graphdist ms", "PyTorch ms"],
+                 [[k, groups.get(k, ""), theirs[k] * 1e3 if k in theirs else ""]
+                  for k in names] +
+                 [["total", sum(groups.values()), sum(theirs.values()) * 1e3 or ""]])
 
 
 DEFAULT = "graphdist Mirrored x4 (default: per-device)"

@@ -1,59 +1,54 @@
 """The GPT-2-style training step of issue 29, beside bench/gpt.py's GPT: vocabulary 128,
-context 64, width 128, 2 pre-LN blocks of 4-head causal attention with an additive mask,
-GELU in its tanh form (approximate=True, as GPT-2 and BERT use it), batch 32, Adam
-(bench/models.py: make_gpt2_step, written as GPT-2's code writes it).
+context 64, width 128, 2 pre-LN blocks of 4-head causal attention with a fused qkv projection
+and an additive -1e9 mask, GELU in its tanh form (approximate=True, as GPT-2 and BERT use
+it), batch 32, Adam (bench/peers/gpt_common.py GPT2_MODEL; graphdist's step is
+bench/models.py make_gpt2_step, written as GPT-2's code writes it).
 
 Side by side in one run:
 1. gelu on 2048 x 512 float32 values: the tanh form's kernel and gradient against the exact
    form's, and against what ran before (the op's float64 reference); a gelu returned by a
    step (its kernel into a fresh array; before: the reference).
-2. The GPT-2-style step on 1 device and on 4 logical CPU devices, with the tanh form on its
-   kernels (after) and on the op's reference (before, the entry swapped for the run), the
-   same model with its dense layers reshaped to 2-D GEMMs by hand (as gd.nn.Dense does; a
-   3-D x @ w has run so since issue 29, so the two should match), and bench/gpt.py's GPT
-   (exact GELU, vocabulary 103) on 1 device.
+2. The GPT-2-style step: graphdist on 1 device and on 4 logical CPU devices, with the tanh
+   form on its kernels (after) and on the op's reference (before, the entry swapped for the
+   run), the same model with its dense layers reshaped to 2-D GEMMs by hand (as gd.nn.Dense
+   does), bench/gpt.py's GPT (exact GELU, vocabulary 103) on 1 device, graphdist's 4-replica
+   step in its own process (first call; and on an empty Numba cache); then the peers, each
+   in its own process of the benchmark environment's Python (bench/peers/*_gpt2.py): JAX jit,
+   TF tf.function and PyTorch eager on 1 device, JAX pmap and TF MirroredStrategy on 4. All
+   start from the same weights and batch: their losses after one and three steps must agree
+   with graphdist's to float32 rounding (the table's last column), and their parameter
+   counts are their own variables'. A peer that is not installed gets a row saying so.
+3. The one-device step per op group: graphdist's profile next to PyTorch's.
+Target: graphdist at most the best peer's time on 1 device and on 4 replicas.
 
-The peers (TF, PyTorch, JAX: bench/peers/) have no GPT-2-style script yet; bench/gpt.py
-runs them on the GPT. The run drops the environment's OpenBLAS pin (OPENBLAS_CORETYPE,
-OPENBLAS_L2_SIZE) by running itself again without it, as on a user's machine, and says so.
+The run drops the environment's OpenBLAS pin (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE) by
+running itself again without it, as on a user's machine, and says so; the peers start
+without it too.
 
-    python -m bench.gpt2 [--repeat N]
+    python -m bench.gpt2 [--no-peers] [--repeat N]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
 
 import graphdist as gd
-from bench.common import ROOT, interleaved, save, table
-from bench.models import gpt2_data, make_gpt2_step, make_gpt_step
+from bench.common import (interleaved, peer_python, run_peer, run_peer_rows, run_peers, save,
+                          table, unpinned_rerun)
+from bench.gpt import op_groups_table, op_profile
+from bench.models import make_gpt2_step, make_gpt_step
+from bench.peers.gpt_common import GPT2_MODEL, gpt2_data, gpt2_init, parameter_count
 
-OPENBLAS_PIN = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SHAPE = (2048, 512)
-
-
-def unpinned_rerun(argv) -> bool:
-    """Run this benchmark again in a new process without the environment's OpenBLAS pin
-    (OpenBLAS reads it when it loads, so this process cannot drop it), saying so; False
-    when there is no pin to drop (then run here)."""
-    import subprocess
-
-    from graphdist.device.threads import ENV_SET
-
-    pinned = {k: os.environ[k] for k in OPENBLAS_PIN
-              if k in os.environ and ENV_SET.get(k) != os.environ[k]}
-    if not pinned:
-        return False
-    print(f"bench.gpt2: running again without the environment's OpenBLAS pin "
-          f"({', '.join(f'{k}={v}' for k, v in pinned.items())}), as on a user's machine",
-          file=sys.stderr)
-    env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_PIN}
-    subprocess.run([sys.executable, "-m", "bench.gpt2", *argv], env=env, cwd=ROOT, check=True)
-    return True
+PEERS = [("bench.peers.jax_gpt2", 1), ("bench.peers.tf_gpt2", 1),
+         ("bench.peers.torch_gpt2", 1), ("bench.peers.jax_gpt2", 4),
+         ("bench.peers.tf_gpt2", 4)]
+ONE = "graphdist 1 device"
+DEFAULT = "graphdist Mirrored x4 (default: per-device)"
+LOSS_RTOL = 1e-3        # float32 rounding, and Adam's epsilon placed as each framework does
 
 
 def _reference_gelu_entries():
@@ -77,18 +72,19 @@ def _reference_gelu_entries():
 
 
 def _built_with(entries, make, strategy, batch):
-    """make(strategy)'s step, lowered (its first call) with these gelu entries in place."""
+    """(make(strategy)'s step, its first loss): the step lowered (its first call) with these
+    gelu entries in place."""
     from graphdist.runtime import kernel_table
 
     for listed, swapped in entries.values():
         kernel_table.register(swapped, replace=True)
     try:
         step, _ = make(strategy)
-        step(batch)
+        first = float(step(batch))
     finally:
         for listed, _ in entries.values():
             kernel_table.register(listed, replace=True)
-    return step
+    return step, first
 
 
 def gelu_part(repeat: int) -> tuple[dict, str]:
@@ -135,51 +131,127 @@ def gelu_part(repeat: int) -> tuple[dict, str]:
     return t, text
 
 
-def step_part(repeat: int) -> tuple[dict, str]:
+def graphdist_part(repeat: int) -> dict:
+    """graphdist's GPT-2-style steps (and bench/gpt.py's GPT) timed side by side in this
+    process, each with its losses in its first three steps."""
     batch = gpt2_data()
     one = gd.OneDeviceStrategy("cpu:0")
     four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
     batch4 = next(iter(four.experimental_distribute_dataset([batch])))
     before = _reference_gelu_entries()
-    steps = {"GPT-2-style, 1 device (after)": (_built_with({}, make_gpt2_step, one, batch),
-                                                batch),
-             "GPT-2-style, 1 device (before: tanh gelu on the reference)":
-                 (_built_with(before, make_gpt2_step, one, batch), batch),
-             "GPT-2-style, Mirrored x4 (after)":
-                 (_built_with({}, make_gpt2_step, four, batch4), batch4),
-             "GPT-2-style, Mirrored x4 (before)":
-                 (_built_with(before, make_gpt2_step, four, batch4), batch4)}
-    steps["GPT-2-style, 1 device, dense layers reshaped to 2-D by hand (as gd.nn.Dense)"] = (
-        _built_with({}, lambda s: make_gpt2_step(s, flat=True), one, batch), batch)
     from bench.peers.gpt_common import gpt_data
 
-    gpt_batch = gpt_data()
-    steps["bench/gpt.py's GPT (exact gelu, vocab 103), 1 device"] = (
-        _built_with({}, make_gpt_step, one, gpt_batch), gpt_batch)
-    losses = {k: [float(s(b)) for _ in range(2)] for k, (s, b) in steps.items()}
+    builds = {ONE: ({}, make_gpt2_step, one, batch),
+              f"{ONE}, tanh gelu on the op's reference (before issue 29)":
+                  (before, make_gpt2_step, one, batch),
+              DEFAULT: ({}, make_gpt2_step, four, batch4),
+              "graphdist Mirrored x4, tanh gelu on the reference (before)":
+                  (before, make_gpt2_step, four, batch4),
+              f"{ONE}, dense layers reshaped to 2-D by hand (as gd.nn.Dense)":
+                  ({}, lambda s: make_gpt2_step(s, flat=True), one, batch),
+              f"{ONE}: bench/gpt.py's GPT (exact gelu, vocab 103; not this model)":
+                  ({}, make_gpt_step, one, gpt_data())}
+    steps, losses = {}, {}
+    for name, (entries, make, strategy, b) in builds.items():
+        step, first = _built_with(entries, make, strategy, b)
+        steps[name] = (step, b)
+        losses[name] = [first] + [float(step(b)) for _ in range(2)]
     t = interleaved({k: (lambda s=s, b=b: s(b)) for k, (s, b) in steps.items()},
                     repeat=repeat, label="GPT-2-style step")
-    rows = [[k, v["median_s"] * 1e3, v["min_s"] * 1e3, f"{losses[k][0]:.4f}"]
-            for k, v in t.items()]
-    text = table(f"GPT-2-style step, batch 32 x 64 tokens, Adam (median of {repeat}, "
-                 "interleaved; no peers: bench/peers has no GPT-2-style script)",
-                 ["contender", "median ms", "min ms", "loss at step 2"], rows)
+    count = parameter_count(p.shape for p in gpt2_init().values())
     for k in t:
         t[k]["losses"] = losses[k]
-    return t, text
+        if "bench/gpt.py" not in k:
+            t[k]["parameters"] = count
+    return t
+
+
+def loss_off(losses: list, ref: list) -> float | None:
+    """The largest relative difference of the first and third losses from graphdist's."""
+    pairs = [(losses[i], ref[i]) for i in (0, 2) if len(losses) > i]
+    return max((abs(a - b) / abs(b) for a, b in pairs), default=None)
+
+
+def steps_table(entry: dict, repeat: int) -> str:
+    ref = entry[ONE]["losses"]
+    rows, off_model = [], []
+    for name, r in entry.items():
+        if "status" in r:
+            rows.append([name, r["status"], "", "", "", "", "", "", ""])
+            continue
+        losses = r.get("losses") or []
+        off = None if "bench/gpt.py" in name else loss_off(losses, ref)
+        if off is not None and off > LOSS_RTOL:
+            off_model.append(name)
+        rows.append([name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["vs_graphdist_1"],
+                     "" if r.get("first_call_s") is None else f"{r['first_call_s']:.2f}",
+                     r.get("parameters", ""),
+                     f"{losses[0]:.5f}" if losses else "",
+                     f"{losses[2]:.5f}" if len(losses) > 2 else "",
+                     "" if off is None else f"{off:.0e}"])
+    verdict = (f"losses after 1 and 3 steps agree within {LOSS_RTOL:g}" if not off_model else
+               f"NOT THE SAME MODEL: {', '.join(off_model)} (losses off by > {LOSS_RTOL:g})")
+    if off_model:
+        print(f"bench.gpt2: {verdict}", file=sys.stderr)
+    return table(f"GPT-2-style step, batch 32 x 64 tokens, Adam (median of {repeat}, "
+                 f"graphdist's rows interleaved, the peers each in its own process; "
+                 f"{verdict})",
+                 ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s",
+                  "parameters", "loss 1", "loss 3", "loss rel diff"], rows)
 
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args(argv)
-    if unpinned_rerun(argv):
+    if unpinned_rerun("bench.gpt2", argv):
         return {}
     gelu, gelu_text = gelu_part(max(args.repeat, 20))
-    steps, steps_text = step_part(args.repeat)
-    save("gpt2", {"gelu": gelu, "results": steps, "table": gelu_text + "\n\n" + steps_text})
-    return steps
+    t = graphdist_part(args.repeat)
+    base = t[ONE]["median_s"]
+    entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
+    entry.update(run_peers("bench.peers.graphdist_gpt2", [], base))
+    entry.update(run_peer_rows(PEERS, base, args.no_peers))
+    steps_text = steps_table(entry, args.repeat)
+    groups, ops = op_profile(make=make_gpt2_step, data=gpt2_data)
+    python = None if args.no_peers else peer_python()
+    torch = run_peer(python, "bench.peers.torch_gpt2", "--profile") if python else None
+    theirs = torch["ops_s"] if torch else {}
+    ops_text = op_groups_table(groups, ops, theirs)
+    save("gpt2", {"model": GPT2_MODEL.name, "gelu": gelu, "results": entry, "ops_ms": ops,
+                  "op_groups_ms": groups,
+                  "torch_op_groups_ms": {k: v * 1e3 for k, v in theirs.items()},
+                  "openblas_pin": "dropped (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset)",
+                  "table": "\n\n".join((gelu_text, steps_text, ops_text))})
+    return entry
+
+
+def plot(payload):
+    """ms per step of every contender (graphdist's defaults outlined), the one-device step
+    per op group beside PyTorch's, and the gelu kernels."""
+    from bench.plots import bars, figure, grouped, rows_height, timings
+
+    medians, mins = timings(payload.get("results", {}))
+    ours, theirs = payload.get("op_groups_ms") or {}, payload.get("torch_op_groups_ms") or {}
+    gelu_ms, _ = timings(payload.get("gelu", {}))
+    panels = 1 + bool(ours) + bool(gelu_ms)
+    fig, axes = figure("GPT-2-style step (tanh GELU, additive mask), batch 32 x 64 tokens, "
+                       "Adam", width=5.5 * panels, height=rows_height(len(medians)),
+                       ncols=panels)
+    bars(axes[0], medians, "ms per step (bar: median, |: min)", mins=mins,
+         highlight=[ONE, DEFAULT])
+    if ours:
+        order = sorted(set(ours) | set(theirs), key=lambda k: -ours.get(k, 0.0))
+        series = {"graphdist": {k: ours.get(k) for k in order}}
+        if theirs:
+            series["PyTorch eager"] = {k: theirs.get(k) for k in order}
+        grouped(axes[1], series, "ms per one-device step, by op group (profilers)", "{:.1f}")
+    if gelu_ms:
+        bars(axes[-1], gelu_ms, f"gelu on {SHAPE[0]} x {SHAPE[1]} float32, ms (log)",
+             log=True, colors={k: "#ff7f0e" if "before" in k else "#1f77b4" for k in gelu_ms})
+    return fig
 
 
 if __name__ == "__main__":

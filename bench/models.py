@@ -10,6 +10,7 @@ import numpy as np
 import graphdist as gd
 from bench.common import COLD
 from bench.peers.common import LR, init
+from bench.peers.gpt_common import GPT2, gpt2_init
 
 B1, B2, EPS = 0.9, 0.999, 1e-7
 
@@ -189,34 +190,8 @@ def own_process(make, batch, devices: int, optimizer: str = "adam") -> dict:
 # ---------------------------------------------------------------- GPT-2-style step (issue 29)
 # As GPT-2 (and nanoGPT) write it: fused qkv projection, attention scores plus an additive
 # causal mask (0 on and below the diagonal, -1e9 above) then softmax, GELU in its tanh form.
-GPT2 = dict(vocab=128, context=64, width=128, layers=2, heads=4, batch=32)
-
-
-def gpt2_data(seed: int = 1):
-    """ids [batch, context] and their next tokens."""
-    seq = np.random.default_rng(seed).integers(0, GPT2["vocab"],
-                                               (GPT2["batch"], GPT2["context"] + 1))
-    return seq[:, :-1].astype(np.int32), seq[:, 1:].astype(np.int32)
-
-
-def gpt2_init(seed: int = 0) -> dict:
-    """GPT-2's initialization: N(0, 0.02^2) weights (the residual projections scaled by
-    1/sqrt(2 layers)), zero biases, unit layer-norm gains."""
-    rng = np.random.default_rng(seed)
-    v, t, d, layers = GPT2["vocab"], GPT2["context"], GPT2["width"], GPT2["layers"]
-    normal = (lambda *shape, s=0.02: (s * rng.standard_normal(shape)).astype(np.float32))
-    zeros = (lambda *shape: np.zeros(shape, np.float32))
-    p = {"wte": normal(v, d), "wpe": normal(t, d, s=0.01), "lnf.g": np.ones(d, np.float32),
-         "lnf.b": zeros(d), "head.w": normal(d, v)}
-    residual = 0.02 / np.sqrt(2 * layers)
-    for i in range(layers):
-        p.update({f"h{i}.ln1.g": np.ones(d, np.float32), f"h{i}.ln1.b": zeros(d),
-                  f"h{i}.qkv.w": normal(d, 3 * d), f"h{i}.qkv.b": zeros(3 * d),
-                  f"h{i}.o.w": normal(d, d, s=residual), f"h{i}.o.b": zeros(d),
-                  f"h{i}.ln2.g": np.ones(d, np.float32), f"h{i}.ln2.b": zeros(d),
-                  f"h{i}.fc.w": normal(d, 4 * d), f"h{i}.fc.b": zeros(4 * d),
-                  f"h{i}.proj.w": normal(4 * d, d, s=residual), f"h{i}.proj.b": zeros(d)})
-    return p
+# Its sizes, data and initial weights (GPT2, gpt2_data, gpt2_init) are the peers' too:
+# bench/peers/gpt_common.py.
 
 
 def _linear(x, w, b, flat: bool):

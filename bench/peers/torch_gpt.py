@@ -1,6 +1,8 @@
-"""PyTorch: the benchmark GPT step on one CPU device (Adam, eager), in plain ops: matmuls,
-masked_fill + softmax for the causal attention (not scaled_dot_product_attention),
-F.layer_norm, exact F.gelu, F.cross_entropy.
+"""PyTorch: a benchmark GPT step (bench/peers/gpt_common.py: the GPT by default, the
+GPT-2-style step from torch_gpt2.py) on one CPU device (Adam, eager), in plain ops: matmuls,
+softmax over the causal scores (masked_fill for the GPT, the additive mask for the GPT-2-style
+step; not scaled_dot_product_attention), F.layer_norm, F.gelu in the model's form,
+F.cross_entropy.
 
     python -m bench.peers.torch_gpt [--profile]
 
@@ -14,8 +16,10 @@ from __future__ import annotations
 import argparse
 import math
 
+from bench.peers.gpt_common import GPT_MODEL, Model
 
-def main() -> None:
+
+def main(model: Model = GPT_MODEL) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
@@ -25,27 +29,35 @@ def main() -> None:
     import torch
 
     from bench.peers.common import LR, report, time_steps
-    from bench.peers.gpt_common import HEADS, KEY_DIM, LAYERS, LN_EPS, WIDTH, gpt_data, gpt_init
+    from bench.peers.gpt_common import (HEADS, KEY_DIM, LAYERS, LN_EPS, WIDTH,
+                                        additive_causal_mask, parameter_count)
 
-    x, y = gpt_data()
-    p = {k: torch.tensor(v, requires_grad=True) for k, v in gpt_init().items()}
+    x, y = model.data()
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in model.init().items()}
     opt = torch.optim.Adam(p.values(), lr=LR, eps=1e-7)
     xs, ys = torch.tensor(x, dtype=torch.long), torch.tensor(y, dtype=torch.long)
     F = torch.nn.functional
     B, T, H, K = *x.shape, HEADS, KEY_DIM
     future = torch.ones(T, T, dtype=torch.bool).triu(1)                 # key > query
+    mask = torch.tensor(additive_causal_mask(T))
+    gelu = "tanh" if model.tanh_gelu else "none"
 
     def ln(h, name):
         return F.layer_norm(h, (WIDTH,), p[f"{name}.g"], p[f"{name}.b"], LN_EPS)
 
-    def heads(h, name):                 # (B, T, D) -> (B, H, T, K)
-        w, b = p[f"{name}.w"].view(WIDTH, H * K), p[f"{name}.b"].view(H * K)
-        return (h @ w + b).view(B, T, H, K).transpose(1, 2)
+    def qkv(h, i):                      # (B, T, D) -> three (B, T, H * K)
+        if model.fused_qkv:
+            return (h @ p[f"h{i}.qkv.w"] + p[f"h{i}.qkv.b"]).split(WIDTH, -1)
+        return [h @ p[f"h{i}.{n}.w"].view(WIDTH, H * K) + p[f"h{i}.{n}.b"].view(H * K)
+                for n in "qkv"]
 
     def attention(h, i):
-        q, k, v = (heads(h, f"h{i}.{n}") for n in "qkv")
-        scores = (q * (1 / math.sqrt(K))) @ k.transpose(-1, -2)
-        probs = scores.masked_fill(future, float("-inf")).softmax(-1)
+        q, k, v = (z.view(B, T, H, K).transpose(1, 2) for z in qkv(h, i))
+        if model.additive_mask:
+            probs = (q @ k.transpose(-1, -2) * (1 / math.sqrt(K)) + mask).softmax(-1)
+        else:
+            scores = (q * (1 / math.sqrt(K))) @ k.transpose(-1, -2)
+            probs = scores.masked_fill(future, float("-inf")).softmax(-1)
         out = (probs @ v).transpose(1, 2).reshape(B, T, H * K)
         return out @ p[f"h{i}.o.w"].view(H * K, WIDTH) + p[f"h{i}.o.b"]
 
@@ -53,9 +65,12 @@ def main() -> None:
         h = F.embedding(xs, p["wte"]) + p["wpe"][:T]
         for i in range(LAYERS):
             h = h + attention(ln(h, f"h{i}.ln1"), i)
-            m = F.gelu(ln(h, f"h{i}.ln2") @ p[f"h{i}.fc.w"] + p[f"h{i}.fc.b"])
+            m = F.gelu(ln(h, f"h{i}.ln2") @ p[f"h{i}.fc.w"] + p[f"h{i}.fc.b"],
+                       approximate=gelu)
             h = h + m @ p[f"h{i}.proj.w"] + p[f"h{i}.proj.b"]
-        logits = ln(h, "lnf") @ p["head.w"] + p["head.b"]
+        logits = ln(h, "lnf") @ p["head.w"]
+        if model.head_bias:
+            logits = logits + p["head.b"]
         loss = F.cross_entropy(logits.reshape(B * T, -1), ys.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -68,7 +83,7 @@ def main() -> None:
     losses = []
     r = time_steps(step, sync=lambda loss: losses.append(float(loss)))
     report({"peer": "PyTorch eager", "devices": 1, "optimizer": "adam", "losses": losses[:3],
-            **r})
+            "parameters": parameter_count(t.shape for t in p.values()), **r})
 
 
 def profile(step, repeat: int = 5) -> dict:
