@@ -59,9 +59,49 @@ def _max_pool_grad(x, y, dy, dx, kh, kw, sh, sw, top, left):
                                 todo[ch] = False
 
 
+@njit(parallel=True, cache=True, error_model="numpy")
+def _max_pool_grad_2x2(x, y, dy, dx):
+    # 2x2 windows with stride 2 inside x: each position is written once, with no zero
+    # pass and no read of dx, and the first max found by selects the channel loop
+    # vectorizes (the general loop's per-channel branch does not): 2.6 against 10-11 ms
+    # for the tutorial CNN's (256, 26, 26, 32) on 2 loaded cores. dy + 0 as the general
+    # form's 0 + dy (-0.0 -> +0.0): the same bits.
+    n, h, w, c = x.shape
+    oh, ow = y.shape[1], y.shape[2]
+    zero = dx.dtype.type(0)
+    for b in prange(n):
+        for i in range(oh):
+            r0, r1 = 2 * i, 2 * i + 1
+            for j in range(ow):
+                s0, s1 = 2 * j, 2 * j + 1
+                for ch in range(c):
+                    m = y[b, i, j, ch]
+                    g = dy[b, i, j, ch] + zero
+                    h00 = x[b, r0, s0, ch] == m
+                    h01 = (x[b, r0, s1, ch] == m) & ~h00
+                    h10 = (x[b, r1, s0, ch] == m) & ~(h00 | h01)
+                    h11 = (x[b, r1, s1, ch] == m) & ~(h00 | h01 | h10)
+                    dx[b, r0, s0, ch] = g if h00 else zero
+                    dx[b, r0, s1, ch] = g if h01 else zero
+                    dx[b, r1, s0, ch] = g if h10 else zero
+                    dx[b, r1, s1, ch] = g if h11 else zero
+        for r in range(2 * oh, h):           # a last odd row or column no window reads
+            for s in range(w):
+                for ch in range(c):
+                    dx[b, r, s, ch] = zero
+        for r in range(2 * oh):
+            for s in range(2 * ow, w):
+                for ch in range(c):
+                    dx[b, r, s, ch] = zero
+
+
 def max_pool_grad_cpu(x, y, dy, dx, ksize, strides, pads) -> None:
     """dx[...] = max_pool_grad_ref(x, y, dy, ksize, strides, pads), written into dx."""
     with threads_for(x.nbytes + dx.nbytes):
+        if tuple(ksize) == tuple(strides) == (2, 2) and tuple(pads) == (0, 0) and \
+                2 * y.shape[1] <= x.shape[1] and 2 * y.shape[2] <= x.shape[2]:
+            _max_pool_grad_2x2(x, y, dy, dx)
+            return
         _max_pool_grad(x, y, dy, dx, ksize[0], ksize[1], strides[0], strides[1], pads[0],
                        pads[1])
 

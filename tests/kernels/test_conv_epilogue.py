@@ -140,3 +140,36 @@ def test_relu_grad_sum_refuses_mismatched_operands():
                                  ct, 8)
     assert not relu_grad_sum_cpu(np.empty((3, 4), np.float32).T, np.empty(3, np.float32), ct,
                                  ct, 8)
+
+
+# ---------------------------------------------------------------- max pool's gradient
+
+
+@pytest.mark.parametrize("shape,padding", [
+    ((3, 26, 26, 32), "VALID"), ((2, 11, 11, 64), "VALID"), ((2, 11, 11, 3), "SAME"),
+    ((1, 4, 6, 1), "VALID")])
+def test_max_pool_grad_2x2_kernel_bits(shape, padding):
+    """The tiling 2x2/2 kernel (kernels/pool.py _max_pool_grad_2x2; SAME on odd sizes takes
+    the general loop) against the spec and the op's numpy form, bit for bit: ties go to
+    the first max in row-major window order, NaN windows route nothing, dy's -0.0 lands
+    as +0.0 (0 + dy), and rows and columns no window reads are zero."""
+    from graphdist.kernels.pool import max_pool_grad_cpu, max_pool_grad_ref
+    from graphdist.ops.pool import max_pool2d_grad_p, max_pool2d_p
+    from graphdist.ops.window import window_geometry
+
+    rng = np.random.default_rng(6)
+    x = np.round(rng.standard_normal(shape), 1).astype(np.float32)   # ties within windows
+    x.reshape(-1)[::97] = np.nan
+    x[0, :2, :2, 0] = 0.5                                         # a window of equal values
+    p = {"ksize": (2, 2), "strides": (2, 2), "padding": padding}
+    y = max_pool2d_p.impl(np, x, **p)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dy.reshape(-1)[::5] = -0.0
+    _, pads = window_geometry("", shape[1:3], (2, 2), (2, 2), (1, 1), padding, "")
+    got = np.full_like(x, 7.0)
+    max_pool_grad_cpu(x, y, dy, got, (2, 2), (2, 2), (pads[0][0], pads[1][0]))
+    want = max_pool2d_grad_p.impl(np, x, y, dy, **p)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    ref = max_pool_grad_ref(x, y, dy, (2, 2), (2, 2), (pads[0][0], pads[1][0]))
+    np.testing.assert_array_equal(got, ref)
+    assert got[0, 0, 0, 0] == dy[0, 0, 0, 0] and got[0, 0, 1, 0] == 0 == got[0, 1, 0, 0]
