@@ -322,3 +322,70 @@ def test_a_training_step_on_two_replicas_gives_the_unfused_bits(model, monkeypat
     assert fused_losses == losses
     for a, b in zip(fused_vars, variables):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_variable_updated_by_a_chain_and_a_cond_beside_it(monkeypatch):
+    """A chain whose result is a variable's next state (written back to its storage), next
+    to a cond: the cond stays a node of its own, its branches untouched."""
+    def make():
+        v = gd.Variable(np.linspace(-1, 1, M * N, dtype=np.float32).reshape(M, N))
+
+        @gd.function
+        def step(x, flag):
+            v.assign(v * 0.9 + x * 0.1)
+            return gd.cond(flag, lambda: v * 2.0 + x, lambda: v - x)
+
+        return step, v
+
+    x, _, _, _ = inputs(np.float32, seed=5)
+    results = {}
+    for fused in (True, False):
+        with monkeypatch.context() as m:
+            if not fused:
+                m.setattr(pipeline, "elementwise_fusion", lambda: [])
+            step, v = make()
+            outs = [step(x, np.bool_(k % 2 == 0)) for k in range(3)]
+        warmup.wait()
+        outs.append(step(x, np.bool_(True)))
+        results[fused] = (outs, v.numpy(), step.replicated_graph)
+    for a, b in zip(results[True][0], results[False][0]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(results[True][1], results[False][1])
+    g = results[True][2]
+    (node,) = fused_nodes(g)
+    assert dict(node.params)["members"] == ("mul", "mul", "add")
+    (cond,) = [e for e in g.eqns if e.op.name == "cond"]
+    for branch in dict(cond.params)["branches"]:
+        assert not fused_nodes(branch)
+
+
+def test_merged_replicas_fuse_too():
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    rng = np.random.default_rng(2)
+    with strategy.scope():
+        w = gd.Variable(rng.standard_normal((N, N)).astype(np.float32) / 10)
+        opt = gd.optimizers.SGD(0.1)
+
+    def make():
+        @gd.function
+        def step(x, y):
+            def replica_fn(x, y):
+                with gd.GradientTape() as tape:
+                    loss = gd.reduce_mean(gd.square(gd.relu(x @ w * 2.0 + y) - y))
+                opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+                return loss
+            return strategy.reduce("mean", strategy.run(replica_fn, args=(x, y)))
+        return step
+
+    x = rng.standard_normal((2 * M, N)).astype(np.float32)
+    y = rng.standard_normal((2 * M, N)).astype(np.float32)
+    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
+    gd.config.set_device_concurrency("merged")
+    try:
+        step = make()
+        step(*batch)
+    finally:
+        gd.config.set_device_concurrency("auto")
+    g = step.replicated_graph
+    assert g.merged and fused_nodes(g)
+    assert "fuse_elementwise" in step.stages
