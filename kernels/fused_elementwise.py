@@ -171,16 +171,22 @@ def kernel_source(steps, kinds, num_literals: int, outputs, dtypes) -> str:
     lines = [f"@njit(parallel=True, fastmath=False, error_model='numpy', cache=True)",
              f"def kernel(rows, cols, {', '.join(xs + ks + os_)}):"]
     lines += [f"    s{j} = x{j}[0]" for j, kind in enumerate(kinds) if kind == SCALAR]
+    names = {}
     if rows:
-        lines += ["    for r in prange(rows):", "        for c in range(cols):",
-                  "            i = r * cols + c"]
+        # each row's slices, indexed by the column: an index computed as r * cols + c kept
+        # LLVM from vectorizing the loop (10x slower than numpy's passes)
+        full = [f"x{j}" for j, kind in enumerate(kinds) if kind == FULL] + os_
+        lines += ["    for r in prange(rows):", "        lo = r * cols",
+                  *(f"        {a}r = {a}[lo:lo + cols]" for a in full),
+                  "        for i in range(cols):"]
         pad = " " * 12
+        os_ = [f"{o}r" for o in os_]
     else:
         lines += ["    for i in prange(rows * cols):"]
         pad = " " * 8
-    names = {}
     for j, kind in enumerate(kinds):
-        names[("x", j)] = {FULL: f"x{j}[i]", ROW: f"x{j}[c]", SCALAR: f"s{j}"}[kind]
+        names[("x", j)] = {FULL: f"x{j}r[i]" if rows else f"x{j}[i]", ROW: f"x{j}[i]",
+                           SCALAR: f"s{j}"}[kind]
     names.update((("k", j), f"k{j}") for j in range(num_literals))
     for j, (op, params, args, result) in enumerate(steps):
         dtype = dtypes[j]

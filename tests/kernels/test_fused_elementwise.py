@@ -170,7 +170,7 @@ def test_the_generated_source_reads_rows_by_column_and_has_no_fastmath():
                             ("mul", {}, [("t", 0), ("k", 0)], ("t", 1))],
                            [fk.FULL, fk.ROW], 1, [("t", 1)], ["float32", "float32"])
     assert "fastmath=False" in src and "prange(rows)" in src
-    assert "x1[c]" in src and "x0[i]" in src and "o0[i] = t1" in src
+    assert "x1[i]" in src and "x0r[i]" in src and "o0r[i] = t1" in src
     with pytest.raises(KeyError, match="exp"):
         fk.kernel_source([("exp", {}, [("x", 0)], ("t", 0))], [fk.FULL], 0, [("t", 0)],
                          ["float32"])
