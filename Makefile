@@ -30,12 +30,22 @@ test: $(VENV)/.installed-test
 # (TensorFlow, JAX, PyTorch CPU builds) and matplotlib for the plots (bench/requirements.txt)
 BENCH_VENV := .venv-bench
 BENCH_BIN := $(BENCH_VENV)/bin
+# PyTorch's CPU wheel (2.13.0+cpu; PyPI's Linux wheel bundles CUDA) is installed first, alone,
+# with its index as an extra index. Where that index cannot be reached pip only warns and
+# takes torch 2.13.0 from the other indexes and find-links (PyPI's CUDA build, or a local
+# +cpu wheel): --retries 0 --timeout 15 keep that to seconds. (Named in
+# bench/requirements.txt, an unreachable index cost ~8 s of retries for every package: 6 min
+# 44 s to resolve the file, 11 s now; pip never fails on it.)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN := torch==2.13.0
 
 $(BENCH_BIN)/python:
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_BIN)/python -m pip install -q --upgrade pip
 
 $(BENCH_VENV)/.installed: $(BENCH_BIN)/python bench/requirements.txt pyproject.toml
+	$(BENCH_BIN)/python -m pip install -q --no-deps --retries 0 --timeout 15 \
+		--extra-index-url $(TORCH_INDEX) "$(TORCH_PIN)"
 	$(BENCH_BIN)/python -m pip install -q -r bench/requirements.txt
 	$(BENCH_BIN)/python -m pip install -q -e ".[mpi]"
 	touch $@

@@ -4,20 +4,25 @@ against TensorFlow (tf.function), JAX (jit) and PyTorch (eager), and on 4 logica
 devices (one copy per device, the default) against TF MirroredStrategy and JAX pmap, in
 one run; merged replicas (opt-in) beside them. Then the conv ops alone: GFLOP/s of the
 forward and both backward convolutions against this machine's sgemm, measured in the run.
-Target: graphdist at least as fast as the fastest peer in each row.
+Target: graphdist at least as fast as the fastest peer in each row. A peer that is not
+installed gets a row saying so. The run drops the environment's OpenBLAS pin
+(OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE) by running itself again without it, as on a user's
+machine, and says so; the peers start without it too.
 
-    python -m bench.cnn [--no-peers]
+    python -m bench.cnn [--no-peers] [--repeat N]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
 
 import graphdist as gd
-from bench.common import peer_python, run_peer, run_peers, save, table
+from bench.common import (peer_python, run_peer, run_peer_rows, run_peers, save, table,
+                          unpinned_rerun)
 from bench.models import graphdist_side_by_side, make_cnn_step
 from bench.peers.common import CNN_BATCH, cnn_data
 from graphdist.ops import OPS
@@ -94,16 +99,21 @@ def conv_gflops(batch: int, repeat: int = 20) -> list:
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
+    if unpinned_rerun("bench.cnn", argv):
+        return {}
     t, diff = steps(args.repeat)
     base = t["graphdist 1 device"]["median_s"]
     entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
-    entry.update(run_peers("bench.peers.graphdist_cnn", PEERS, base, args.no_peers))
+    entry.update(run_peers("bench.peers.graphdist_cnn", [], base))
+    entry.update(run_peer_rows(PEERS, base, args.no_peers))
     python = None if args.no_peers else peer_python()
-    rows = [[name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["vs_graphdist_1"],
+    rows = [[name, r["status"], "", "", ""] if "status" in r else
+            [name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["vs_graphdist_1"],
              "" if r.get("first_call_s") is None else f"{r['first_call_s']:.2f}"]
             for name, r in entry.items()]
     text = table(f"tutorial CNN, 28x28x1, global batch {CNN_BATCH}, Adam (median of "
@@ -126,6 +136,7 @@ def main(argv=None) -> dict:
                       [[layer, op, CNN_BATCH // 4 if k < len(convs) // 2 else CNN_BATCH,
                         s * 1e3, g, g / peak] for k, (layer, op, s, g) in enumerate(convs)])
     save("cnn", {"results": entry, "max_param_diff_after_3_steps": diff, "sgemm_gflops": peak,
+                 "openblas_pin": "dropped (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset)",
                  "ops_ms": ours, "tf_ops_ms": theirs and {k: v * 1e3 for k, v in
                                                          theirs["ops_s"].items()},
                  "convs": [dict(zip(("layer", "op", "seconds", "gflops"), c)) for c in convs],

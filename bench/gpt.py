@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 
 import graphdist as gd
-from bench.common import peer_python, run_peer, run_peers, save, table
+from bench.common import peer_python, run_peer, run_peers, save, table, unpinned_rerun
 from bench.models import graphdist_side_by_side, make_gpt_step
 from bench.peers.gpt_common import BATCH, CONTEXT, gpt_data, op_group
 
@@ -46,10 +47,13 @@ def op_profile(repeat: int = 7, make=make_gpt_step, data=gpt_data) -> tuple[dict
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
+    if unpinned_rerun("bench.gpt", argv):          # as on a user's machine, saying so
+        return {}
     t, diff = graphdist_side_by_side(make_gpt_step, gpt_data(), args.repeat)
     base = t["graphdist 1 device"]["median_s"]
     ref = t["graphdist 1 device"]["losses"]
