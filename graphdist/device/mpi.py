@@ -300,6 +300,16 @@ class Group:
         self._before_collective()
         self._wait(self.comm.Iallgather(send, recv), what)
 
+    def reduce_scatter(self, send, recv, what: str = "a reduce-scatter") -> None:
+        """recv <- this worker's block of the sum of every worker's `send` (blocks of
+        recv.size elements, in rank order), read straight from `send`: half the bytes of
+        an all-reduce."""
+        if self.size == 1:
+            recv[...] = send.reshape(-1)[:recv.size]
+            return
+        self._before_collective()
+        self._wait(self.comm.Ireduce_scatter_block(send, recv, op=self.MPI.SUM), what)
+
     def barrier(self, what: str = "a barrier") -> None:
         if self.size > 1:
             self._before_collective()

@@ -102,6 +102,33 @@ def _mpi_reduce_scatter_impl(xp, *xs, first, group, op, replicas):
     return padded_shards(xp, acc, replicas, first, len(xs))
 
 
+@mpi_reduce_scatter_p.def_out
+def _mpi_reduce_scatter_out(xp, outs, *xs, first, group, op, replicas):
+    """Into the step's own buffers. With two workers, where any order of adding two
+    partial sums gives the same bits, and shards that tile the value exactly (the buckets
+    of zero_stage > 0): one Reduce_scatter_block straight from this worker's sum (its lone
+    replica's buffer, no copy) into its replicas' shards, half the bytes of the
+    all-reduce. Otherwise the impl's all-reduce, written into `outs`."""
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    size, local = xs[0].size, len(xs)
+    length = outs[0].size
+    if group.size != 2 or size != replicas * length or replicas != group.size * local:
+        for out, shard in zip(outs, _mpi_reduce_scatter_impl(
+                xp, *xs, first=first, group=group, op=op, replicas=replicas)):
+            xp.copyto(out, shard)
+        return
+    mine = outs[0] if local == 1 else xp.empty(local * length, xs[0].dtype)
+    send = xs[0].reshape(-1) if local == 1 else _local_sum(xp, xs)
+    group.reduce_scatter(send, mine.reshape(-1),
+                         f"a reduce-scatter of {ArrayType(xs[0].shape, xs[0].dtype)}")
+    if op == "mean":
+        xp.divide(mine, mine.dtype.type(replicas), out=mine)
+    for k, out in enumerate(outs[1:], 1):
+        xp.copyto(out, mine[k * length:(k + 1) * length])
+    if local > 1:
+        xp.copyto(outs[0], mine[:length])
+
+
 mpi_reduce_scatter_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),
                                                       2 * sum(t.nbytes for t in ins)))
 
@@ -149,6 +176,27 @@ def _mpi_all_gather_impl(xp, *xs, group, replicas, rows=None):
         length = xs[0].shape[0]
         out = xp.concatenate([out[r * length:r * length + rows[r]] for r in range(replicas)])
     return tuple(out.copy() for _ in xs)
+
+
+@mpi_all_gather_p.def_out
+def _mpi_all_gather_out(xp, outs, *xs, group, replicas, rows=None):
+    """Into the step's own buffers (the planner may hand over the storage of a parameter
+    the result flows into through a reshape, as zero_stage > 0 all-gathers them: filled
+    flat). A lone replica's value is sent from where it lies, straight into the first
+    output, when no padding is dropped."""
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    flat = [out if out.ndim == xs[0].ndim else out.reshape(-1) for out in outs]
+    length = xs[0].shape[0]
+    whole = rows is None or all(r == length for r in rows)
+    if whole and len(xs) == 1:
+        group.allgather(xp.ascontiguousarray(xs[0]), flat[0], f"an all-gather of 1 x "
+                                         f"{ArrayType(xs[0].shape, xs[0].dtype)}")
+    else:
+        for k, value in enumerate(_mpi_all_gather_impl(xp, *xs, group=group,
+                                                       replicas=replicas, rows=rows)[:1]):
+            xp.copyto(flat[k], value)
+    for out in flat[1:]:
+        xp.copyto(out, flat[0])
 
 
 mpi_all_gather_p.def_cost(lambda ins, outs, **_: (0, sum(t.nbytes for t in outs)))

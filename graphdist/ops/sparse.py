@@ -109,6 +109,15 @@ def _gather_impl(xp, params, indices):
     return xp.take(params, indices, axis=0)
 
 
+@gather_p.def_out
+def _gather_out(xp, out, params, indices):
+    """Into a planned buffer: a large gather (zero_stage > 0's own chunk of a parameter)
+    becomes a buffer of the step's that an in-place update may then take over, where a
+    fresh array cost it a copy first."""
+    check_rows("gather", xp, indices, params.shape[0])
+    xp.take(params, indices, axis=0, out=out)
+
+
 @gather_p.def_vjp
 def _gather_vjp(ct, params, indices):
     rows = ct if indices.ty.ndim == 1 else reshape(ct, (-1,) + params.ty.shape[1:])

@@ -185,13 +185,14 @@ class ShardedGradients:
         opt, n = self.opt, self.n
         grads = self._clipped()
         hyper = opt._hyper_vector(step)
-        me = reshape(replica_id(), (1,))
+        me = replica_id()
         for bucket in self.buckets:
             new_chunks = []
             for i in bucket:
                 v = self.variables[i]
-                chunk = reshape(gather(_padded_rows(v.read_value(), n, self.lengths[i]), me),
-                                (self.lengths[i],))
+                # row `me` (a 0-d index: no reshape after it), a buffer of its own that the
+                # update then overwrites in place
+                chunk = gather(_padded_rows(v.read_value(), n, self.lengths[i]), me)
                 slots = [opt.slot(v, name) for name in opt.slot_names]
                 new_v, *new_slots = opt._updated(chunk, [s.shard for s in slots], grads[i],
                                                  hyper)

@@ -151,13 +151,16 @@ def _literal(index: _Index, v):
 
 def _chunk_source(index: _Index, chunk, k: int, replicas: int, length: int):
     """(the whole parameter whose chunk k `chunk` is, the eqns that cut it) for zero.py's
-    `reshape(gather(reshape(pad(reshape(x, -1)), (R, L)), [k]), (L,))`, else None."""
+    `gather(reshape(pad(reshape(x, -1)), (R, L)), k)` (the pad where R L > size), else
+    None."""
     g, eqns = index.g, set()
-    i = index.made_by(chunk, reshape_p)
-    if i is None or chunk.ty.shape != (length,):
+    if chunk.ty.shape != (length,):
         return None
-    eqns.add(i)
-    j = index.made_by(g.eqns[i].inputs[0], gather_p)
+    i = index.made_by(chunk, reshape_p)       # gather's row of a 1-element index, or
+    if i is not None:                          # gather(rows, k) itself
+        eqns.add(i)
+        chunk = g.eqns[i].inputs[0]
+    j = index.made_by(chunk, gather_p)
     if j is None or _literal(index, g.eqns[j].inputs[1]) != k:
         return None
     eqns.add(j)
