@@ -494,3 +494,24 @@ def test_the_fused_node_saves_and_restores_whole_slots(tmp_path, save, restore, 
         pipeline.fuse_sharded_update = saved
     assert not _fused_nodes(second_apart)
     _assert_same(second.state(), second_apart.state())
+
+
+def test_one_device_per_worker_reduce_scatters_and_gathers_into_the_steps_buffers(tmp_path):
+    """2 workers x 1 device: MPI's Reduce_scatter_block from the bucket and Allgather into
+    the output (the out= forms) give the bits of the all-reduce and copies (the impls)."""
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__))))
+    from mpi_launch import needs_mpi, two_workers   # noqa: F401 (the skip marker's check)
+
+    if needs_mpi.args[0]:
+        pytest.skip(needs_mpi.kwargs["reason"])
+    done = two_workers("zero_one_device.py", [tmp_path], "mpiexec", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert reports[0] == reports[1]                     # both workers hold the same bits
+    out, impl = reports[0]["out"], reports[0]["impl"]
+    assert out["ops"] == ["mpi_all_gather", "mpi_reduce_scatter"]
+    assert out == impl
