@@ -304,11 +304,18 @@ class Group:
         """recv <- this worker's block of the sum of every worker's `send` (blocks of
         recv.size elements, in rank order), read straight from `send`: half the bytes of
         an all-reduce."""
+        request = self.post_reduce_scatter(send, recv)
+        if request is not None:
+            self._wait(request, what)
+
+    def post_reduce_scatter(self, send, recv):
+        """Start `reduce_scatter(send, recv)` and return its request for `wait_for` (None:
+        one worker, done already): an overlapped reduce-scatter posts here."""
         if self.size == 1:
             recv[...] = send.reshape(-1)[:recv.size]
-            return
+            return None
         self._before_collective()
-        self._wait(self.comm.Ireduce_scatter_block(send, recv, op=self.MPI.SUM), what)
+        return self.comm.Ireduce_scatter_block(send, recv, op=self.MPI.SUM)
 
     def barrier(self, what: str = "a barrier") -> None:
         if self.size > 1:

@@ -104,29 +104,49 @@ def _mpi_reduce_scatter_impl(xp, *xs, first, group, op, replicas):
 
 @mpi_reduce_scatter_p.def_out
 def _mpi_reduce_scatter_out(xp, outs, *xs, first, group, op, replicas):
-    """Into the step's own buffers. With two workers, where any order of adding two
+    """Into the step's own buffers: `post_reduce_scatter`, then its finish at once."""
+    post_reduce_scatter(xp, outs, xs, first=first, group=group, op=op, replicas=replicas)()
+
+
+def post_reduce_scatter(xp, outs, xs, *, first, group, op, replicas):
+    """Start the reduce-scatter of `xs` into `outs` and return finish(), which waits for it
+    and completes `outs` (the overlapped reduce-scatter, runtime/overlap.py, calls it where
+    the shards are first read). With two workers, where any order of adding the two
     partial sums gives the same bits, and shards that tile the value exactly (the buckets
     of zero_stage > 0): one Reduce_scatter_block straight from this worker's sum (its lone
-    replica's buffer, no copy) into its replicas' shards, half the bytes of the
-    all-reduce. Otherwise the impl's all-reduce, written into `outs`."""
+    replica's buffer, no copy) into its replicas' shards, half the bytes of the all-reduce.
+    Otherwise the impl's all-reduce of the local sum, then its shards."""
     outs = outs if isinstance(outs, tuple) else (outs,)
-    size, local = xs[0].size, len(xs)
-    length = outs[0].size
+    size, local, length = xs[0].size, len(xs), outs[0].size
+    what = f"a reduce-scatter of {ArrayType(xs[0].shape, xs[0].dtype)}"
     if group.size != 2 or size != replicas * length or replicas != group.size * local:
-        for out, shard in zip(outs, _mpi_reduce_scatter_impl(
-                xp, *xs, first=first, group=group, op=op, replicas=replicas)):
-            xp.copyto(out, shard)
-        return
+        acc = _local_sum(xp, xs)
+        request = group.post_allreduce(acc)
+
+        def finish_shards():
+            from graphdist.ops.collectives import padded_shards
+
+            if request is not None:
+                group.wait_for(request, what)
+            if op == "mean":
+                xp.divide(acc, acc.dtype.type(replicas), out=acc)
+            for out, shard in zip(outs, padded_shards(xp, acc, replicas, first, local)):
+                xp.copyto(out, shard)
+        return finish_shards
     mine = outs[0] if local == 1 else xp.empty(local * length, xs[0].dtype)
-    send = xs[0].reshape(-1) if local == 1 else _local_sum(xp, xs)
-    group.reduce_scatter(send, mine.reshape(-1),
-                         f"a reduce-scatter of {ArrayType(xs[0].shape, xs[0].dtype)}")
-    if op == "mean":
-        xp.divide(mine, mine.dtype.type(replicas), out=mine)
-    for k, out in enumerate(outs[1:], 1):
-        xp.copyto(out, mine[k * length:(k + 1) * length])
-    if local > 1:
-        xp.copyto(outs[0], mine[:length])
+    send = xp.ascontiguousarray(xs[0]).reshape(-1) if local == 1 else _local_sum(xp, xs)
+    request = group.post_reduce_scatter(send, mine.reshape(-1))
+
+    def finish():
+        if request is not None:
+            group.wait_for(request, what)
+        if op == "mean":
+            xp.divide(mine, mine.dtype.type(replicas), out=mine)
+        for k, out in enumerate(outs[1:], 1):
+            xp.copyto(out, mine[k * length:(k + 1) * length])
+        if local > 1:
+            xp.copyto(outs[0], mine[:length])
+    return finish
 
 
 mpi_reduce_scatter_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in ins),

@@ -26,7 +26,7 @@ from graphdist.ir.types import ArrayType
 from graphdist.ops.core import Op
 from graphdist.ops.device_collectives import nccl_all_reduce_p
 from graphdist.ops.host_collectives import host_all_reduce_p
-from graphdist.ops.mpi_collectives import mpi_all_reduce_p
+from graphdist.ops.mpi_collectives import mpi_all_reduce_p, mpi_reduce_scatter_p
 
 TOKEN = ArrayType((), np.dtype(np.int32))
 
@@ -109,10 +109,13 @@ def _make_start(name: str, orders_own_streams: bool = False) -> Op:
 # the start of each split collective ("mpi_" names what the schedule check counts)
 host_all_reduce_start_p = _make_start("host_all_reduce_start")
 mpi_all_reduce_start_p = _make_start("mpi_all_reduce_start")
+# zero_stage > 0 across workers: a bucket's reduce-scatter posted while the backward goes on
+mpi_reduce_scatter_start_p = _make_start("mpi_reduce_scatter_start")
 # on the GPUs' communication streams, after an event of each replica's compute stream
 nccl_all_reduce_start_p = _make_start("nccl_all_reduce_start", orders_own_streams=True)
 START_OF = {host_all_reduce_p: host_all_reduce_start_p, mpi_all_reduce_p: mpi_all_reduce_start_p,
-            nccl_all_reduce_p: nccl_all_reduce_start_p}
+            nccl_all_reduce_p: nccl_all_reduce_start_p,
+            mpi_reduce_scatter_p: mpi_reduce_scatter_start_p}
 START_OPS = tuple(START_OF.values())
 
 # a collective too: it hands every replica's buffer its result. On GPUs it makes each

@@ -28,7 +28,8 @@ import numpy as np
 
 from graphdist.device.backends import backend_for
 from graphdist.ir.types import ArrayType
-from graphdist.ops.mpi_collectives import mpi_all_reduce_p
+from graphdist.ops.mpi_collectives import mpi_all_reduce_p, mpi_reduce_scatter_p, \
+    post_reduce_scatter
 from graphdist.ops.overlap_collectives import (RUN, Channel, CommLane, collective_wait_p,
                                                host_all_reduce_start_p, is_start,
                                                mpi_all_reduce_start_p)
@@ -81,6 +82,9 @@ def start(channel: Channel, xp, xs) -> None:
         _drain(channel)
     if channel.collective is mpi_all_reduce_p:
         channel.pending = _PostedMpi(channel, xp, xs)
+        return
+    if channel.collective is mpi_reduce_scatter_p:
+        channel.pending = _PostedMpiScatter(channel, xp, xs)
         return
     if channel.collective.orders_own_streams:
         channel.pending = _OnCommStreams(channel, xs)
@@ -203,6 +207,22 @@ class _PostedMpi:
             xp.divide(acc, acc.dtype.type(params["replicas"]), out=acc)
         for out in self.outs[1:]:
             xp.copyto(out, acc.reshape(out.shape))
+        self.channel.spans.append((self.t0, time.perf_counter()))
+        return self.outs
+
+
+class _PostedMpiScatter:
+    """An MPI reduce-scatter (zero_stage > 0) posted from the program's own thread and
+    finished at its first reader: `mpi_reduce_scatter`'s out= form cut in its two halves
+    (ops/mpi_collectives.py post_reduce_scatter), so the same MPI call and the same bits."""
+
+    def __init__(self, channel: Channel, xp, xs):
+        self.channel, self.t0 = channel, time.perf_counter()
+        self.outs = _buffers(channel, xp)
+        self.finish = post_reduce_scatter(xp, self.outs, xs, **channel.params)
+
+    def result(self):
+        self.finish()
         self.channel.spans.append((self.t0, time.perf_counter()))
         return self.outs
 

@@ -513,5 +513,9 @@ def test_one_device_per_worker_reduce_scatters_and_gathers_into_the_steps_buffer
     reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     assert reports[0] == reports[1]                     # both workers hold the same bits
     out, impl = reports[0]["out"], reports[0]["impl"]
-    assert out["ops"] == ["mpi_all_gather", "mpi_reduce_scatter"]
+    # a bucket with backward work left to hide behind: a start and a wait (the overlap
+    # stage)
+    assert {"mpi_reduce_scatter_start", "collective_wait", "mpi_all_gather"} <= set(
+        out.pop("ops"))
+    assert impl.pop("ops") == ["mpi_all_gather", "mpi_reduce_scatter"]
     assert out == impl

@@ -1,8 +1,9 @@
 """A worker of tests/distribute/test_zero.py: 1 device per worker under
 MultiWorkerMirroredStrategy(zero_stage=1), Adam, 3 steps, twice: with the MPI reduce-scatter
 and all-gather writing into the step's buffers (one Reduce_scatter_block from the gradient
-bucket, one Allgather into the output) and with their impls (an all-reduce, copies); writes
-both runs' parameters and whole slots as JSON to OUT/rank<R>.json.
+bucket, posted early where the overlap stage splits it, one Allgather into the output) and
+with their impls run inline (an all-reduce, copies); writes both runs' parameters, whole
+slots and collectives as JSON to OUT/rank<R>.json.
 
     python zero_one_device.py OUT
 """
@@ -48,7 +49,8 @@ def train():
 if __name__ == "__main__":
     out = sys.argv[1]
     rank, first = train()
-    mpi_reduce_scatter_p.out_impl = mpi_all_gather_p.out_impl = None     # the impls
+    mpi_reduce_scatter_p.out_impl = mpi_all_gather_p.out_impl = None     # the impls,
+    gd.config.set_overlap(False)                                          # inline
     report = {"out": first, "impl": train()[1]}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)

@@ -524,6 +524,7 @@ INTERNAL_TESTED_ELSEWHERE = {
     "mpi_all_reduce": "tests/distribute/test_multi_worker.py (2 MPI workers; needs a process group)",
     "host_all_reduce_start": "tests/runtime/test_overlap.py (made by the overlap stage)",
     "mpi_all_reduce_start": "tests/runtime/test_overlap.py (2 MPI workers, tests/mpi/overlap.py)",
+    "mpi_reduce_scatter_start": "tests/distribute/test_zero.py (2 MPI workers at zero_stage=1)",
     "collective_wait": "tests/runtime/test_overlap.py (made by the overlap stage)",
     "mpi_all_gather": "tests/distribute/test_multi_worker.py (sparse gradients across 2 workers)",
     "mpi_broadcast": "tests/distribute/test_multi_worker.py (made by the mpi lowering of broadcast)",
