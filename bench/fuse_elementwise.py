@@ -1,0 +1,161 @@
+"""Elementwise fusion (issue 29 item 2; passes/fuse_elementwise.py) on and off, side by side
+in one process:
+
+1. whole steps: the GPT-2-style step (bench/gpt2.py's model: tanh GELU, additive mask) on 1
+   device and on 4 logical CPU devices, and the benchmark MLP (784-1024-1024-10, Adam) on 1
+   and 4, each built twice from the same weights, with the fuse_elementwise stage and
+   without it, timed interleaved; their losses must agree bit for bit (the fused kernels
+   are exact);
+2. each fused node of the one-device GPT-2 step (and a few chains as a user writes them):
+   its members replayed as their own program, fused (one generated loop) and unfused (one
+   ufunc or kernel per member), timed interleaved.
+
+The run drops the environment's OpenBLAS pin, as bench/gpt2.py does.
+
+    python -m bench.fuse_elementwise [--repeat N] [--nodes-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import numpy as np
+
+import graphdist as gd
+from bench.common import interleaved, save, table, unpinned_rerun
+from bench.models import make_gpt2_step, make_step
+from bench.peers.common import data
+from bench.peers.gpt_common import gpt2_data
+from graphdist import pipeline
+from graphdist.ir import Lit, Var
+from graphdist.ops.core import bind
+from graphdist.ops.fused import fused_elementwise_p
+from graphdist.runtime import warmup
+
+
+@contextlib.contextmanager
+def unfused():
+    """Programs compiled inside have no fuse_elementwise stage."""
+    keep = pipeline.elementwise_fusion
+    pipeline.elementwise_fusion = lambda: []
+    try:
+        yield
+    finally:
+        pipeline.elementwise_fusion = keep
+
+
+def _built(make, strategy, batch, fused: bool):
+    with contextlib.nullcontext() if fused else unfused():
+        step, _ = make(strategy)
+        losses = [float(step(batch))]
+    warmup.wait()
+    losses += [float(step(batch)) for _ in range(2)]
+    return step, losses
+
+
+def steps_part(repeat: int) -> dict:
+    four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+    one = gd.OneDeviceStrategy("cpu:0")
+    gpt, mlp = gpt2_data(), data()
+    cases = {"GPT-2-style step, 1 device": (make_gpt2_step, one, gpt),
+             "GPT-2-style step, Mirrored x4": (make_gpt2_step, four, next(iter(
+                 four.experimental_distribute_dataset([gpt])))),
+             "MLP step, 1 device": (make_step, one, mlp),
+             "MLP step, Mirrored x4": (make_step, four, next(iter(
+                 four.experimental_distribute_dataset([mlp]))))}
+    fns, out = {}, {}
+    for name, (make, strategy, batch) in cases.items():
+        runs = {}
+        for fused in (True, False):
+            step, losses = _built(make, strategy, batch, fused)
+            nodes = sum(e.op is fused_elementwise_p for e in step.replicated_graph.eqns)
+            runs[fused] = (losses, nodes)
+            fns[(name, fused)] = lambda s=step, b=batch: s(b)
+        out[name] = {"losses_fused": runs[True][0], "losses_unfused": runs[False][0],
+                     "fused_nodes": runs[True][1], "same_losses": runs[True][0] == runs[False][0]}
+    times = interleaved(fns, repeat=repeat, label="fused / unfused steps")
+    for name in cases:
+        on, off = times[(name, True)]["median_s"], times[(name, False)]["median_s"]
+        out[name].update(fused_ms=on * 1e3, unfused_ms=off * 1e3, ratio=on / off,
+                         min_ratio=times[(name, True)]["min_s"] / times[(name, False)]["min_s"])
+    return out
+
+
+def _replay(body):
+    """A function running the members of `body` one by one through bind (a program the
+    fuse_elementwise stage fuses again, or not)."""
+    def fn(*xs):
+        env = dict(zip(body.inputs, xs))
+        for e in body.eqns:
+            args = [np.asarray(v.value, v.ty.dtype) if isinstance(v, Lit) else env[v]
+                    for v in e.inputs]
+            env[e.outputs[0]] = bind(e.op, *args, **dict(e.params))
+        return tuple(env[v] for v in body.outputs if isinstance(v, Var))
+    return fn
+
+
+CHAINS = {   # as users write them, on (4096, 512) float32 values
+    "relu(x * s + b) (bias row)": (lambda x, y, b: gd.relu(x * 2.0 + b), 3),
+    "residual: x + y * 0.5 - b": (lambda x, y, b: x + y * 0.5 - b, 3),
+    "leaky relu: where(x > 0, x, 0.1 x)": (lambda x, y, b: gd.where(x > 0, x, x * 0.1), 3),
+    "gelu_grad(y, x) * 0.5 + y": (lambda x, y, b: bind(
+        gd.ops.special.gelu_grad_p, y, x, approximate=True) * 0.5 + y, 3),
+}
+
+
+def nodes_part(repeat: int) -> dict:
+    step, _ = make_gpt2_step(gd.OneDeviceStrategy("cpu:0"))
+    step(gpt2_data())
+    rng = np.random.default_rng(0)
+    bodies = {}
+    for k, e in enumerate(x for x in step.replicated_graph.eqns if x.op is fused_elementwise_p):
+        body = dict(e.params)["body"]
+        label = f"GPT-2 node {k}: {'+'.join(m.op.name for m in body.eqns)} {body.outputs[0].ty}"
+        args = [rng.standard_normal(v.ty.shape).astype(v.ty.dtype) for v in body.inputs]
+        bodies[label] = (_replay(body), args)
+    x, y = (rng.standard_normal((4096, 512)).astype(np.float32) for _ in range(2))
+    b = rng.standard_normal(512).astype(np.float32)
+    for name, (fn, _) in CHAINS.items():
+        bodies[name] = (fn, [x, y, b])
+    fns = {}
+    for name, (fn, args) in bodies.items():
+        for fused in (True, False):
+            with contextlib.nullcontext() if fused else unfused():
+                f = gd.function(fn)
+                f(*args)
+            fns[(name, fused)] = lambda f=f, a=args: f(*a)
+    warmup.wait()
+    times = interleaved(fns, repeat=repeat, label="fused / unfused nodes")
+    return {name: {"fused_ms": times[(name, True)]["median_s"] * 1e3,
+                   "unfused_ms": times[(name, False)]["median_s"] * 1e3,
+                   "ratio": times[(name, True)]["median_s"] / times[(name, False)]["median_s"],
+                   "min_ratio": times[(name, True)]["min_s"] / times[(name, False)]["min_s"]}
+            for name in bodies}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--nodes-only", action="store_true", help="part 2 only")
+    args = ap.parse_args(argv)
+    if unpinned_rerun("bench.fuse_elementwise", argv):
+        return {}
+    steps = {} if args.nodes_only else steps_part(args.repeat)
+    print(table("Steps with elementwise fusion on and off (interleaved, median ms)",
+                ["step", "fused nodes", "on", "off", "on/off", "(min)", "same losses"],
+                [[k, v["fused_nodes"], f"{v['fused_ms']:.2f}", f"{v['unfused_ms']:.2f}",
+                  f"{v['ratio']:.3f}", f"{v['min_ratio']:.3f}", v["same_losses"]]
+                 for k, v in steps.items()]))
+    nodes = nodes_part(args.repeat * 4)
+    print(table("Each fused node against its members (interleaved, median ms)",
+                ["node", "fused", "members", "fused/members", "(min)"],
+                [[k, f"{v['fused_ms']:.3f}", f"{v['unfused_ms']:.3f}", f"{v['ratio']:.2f}",
+                  f"{v['min_ratio']:.2f}"] for k, v in nodes.items()]))
+    payload = {"steps": steps, "nodes": nodes, "repeat": args.repeat}
+    save("fuse_elementwise", payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
