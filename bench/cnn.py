@@ -112,14 +112,12 @@ def main(argv=None) -> dict:
     entry.update(run_peers("bench.peers.graphdist_cnn", [], base))
     entry.update(run_peer_rows(PEERS, base, args.no_peers))
     python = None if args.no_peers else peer_python()
-    rows = [[name, r["status"], "", "", ""] if "status" in r else
-            [name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["vs_graphdist_1"],
-             "" if r.get("first_call_s") is None else f"{r['first_call_s']:.2f}"]
-            for name, r in entry.items()]
+    rows = [_row(name, r) for name, r in entry.items()]
     text = table(f"tutorial CNN, 28x28x1, global batch {CNN_BATCH}, Adam (median of "
-                 f"{args.repeat}; max |param diff| 4 vs 1 device after 3 steps: {diff:.1e})",
-                 ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s"],
-                 rows)
+                 f"{args.repeat}; max |param diff| 4 vs 1 device after 3 steps: {diff:.1e}; "
+                 "every contender starts from the same weights and batch)",
+                 ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s",
+                  "loss 1", "loss 3"], rows)
     ours = op_profile()
     theirs = run_peer(python, "bench.peers.tf_cnn_ops") if python else None
     names = sorted(ours, key=lambda k: -ours[k])[:9]
@@ -142,6 +140,17 @@ def main(argv=None) -> dict:
                  "convs": [dict(zip(("layer", "op", "seconds", "gflops"), c)) for c in convs],
                  "table": text + "\n\n" + ops_text + "\n\n" + conv_text})
     return entry
+
+
+def _row(name: str, r: dict) -> list:
+    """A contender's row of the steps table: its timing and first and third losses, or why
+    it did not run."""
+    if "status" in r:
+        return [name, r["status"], "", "", "", "", ""]
+    losses = r.get("losses") or []
+    return [name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["vs_graphdist_1"],
+            "" if r.get("first_call_s") is None else f"{r['first_call_s']:.2f}",
+            *(f"{losses[i]:.5f}" if len(losses) > i else "" for i in (0, 2))]
 
 
 DEFAULT = "graphdist Mirrored x4 (default: per-device)"
