@@ -250,6 +250,34 @@ def test_a_transformer_block_trains_to_the_same_bits_on_either_form(approximate)
     assert_same_bits(make)
 
 
+def test_dense_layers_with_epilogues_train_to_the_same_bits_on_either_form():
+    """Bias + relu and bias + tanh gelu in the matmul's output pass, relu's gradient with the
+    bias gradient's sum (passes/epilogue.py), and a gelu of the inputs alone."""
+    def make():
+        rng = np.random.default_rng(5)
+        strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+        with strategy.scope():
+            variables = [gd.Variable((rng.standard_normal(s) / 4).astype(np.float32))
+                         for s in ((64, 48), (48,), (48, 16), (16,))]
+            opt = gd.optimizers.Adam(1e-2)
+        x = rng.standard_normal((128, 64)).astype(np.float32)   # 16 KiB a replica: kernels
+        w1, b1, w2, b2 = variables
+
+        @gd.function
+        def step(x):
+            def replica_fn(x):
+                with gd.GradientTape() as tape:
+                    h = gd.relu(gd.nn.gelu(x) @ w1 + b1)
+                    h = gd.nn.gelu(h @ w2 + b2, approximate=True)
+                    loss = gd.reduce_mean(gd.square(h))
+                opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+                return loss
+            return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=(x,)))
+
+        return step, variables, (x,)
+    assert_same_bits(make)
+
+
 def test_the_models_above_cover_every_exact_fallback():
     """Runs last in this file: an op given an exact kernel entry needs a model here."""
     if len(COVERED) < 3:
