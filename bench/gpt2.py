@@ -216,8 +216,8 @@ def main(argv=None) -> dict:
     entry.update(run_peer_rows(PEERS, base, args.no_peers))
     steps_text = steps_table(entry, args.repeat)
     groups, ops = op_profile(make=make_gpt2_step, data=gpt2_data)
-    python = None if args.no_peers else peer_python()
-    torch = run_peer(python, "bench.peers.torch_gpt2", "--profile") if python else None
+    ran = "PyTorch eager" in entry              # torch_gpt2.py ran (so torch is installed)
+    torch = run_peer(peer_python(), "bench.peers.torch_gpt2", "--profile") if ran else None
     theirs = torch["ops_s"] if torch else {}
     ops_text = op_groups_table(groups, ops, theirs)
     save("gpt2", {"model": GPT2_MODEL.name, "gelu": gelu, "results": entry, "ops_ms": ops,
