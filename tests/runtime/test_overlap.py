@@ -306,3 +306,22 @@ def test_html_view_marks_the_collectives_a_profile_found_exposed(overlap_setting
     assert '"exposed":[' in page.read_text() and "nd.exposed" in page.read_text()
     assert "exposed" not in page_data(graph)["n"]        # no profile, no marking
 
+
+
+def test_a_channels_gpu_spans_are_read_once_when_a_profile_asks():
+    """A GPU run's (start, end) is known only once its events have completed: the channel
+    keeps a callable, which times() calls once and replaces with the times it gave."""
+    from graphdist.ops.overlap_collectives import Channel, CommLane
+
+    calls = []
+
+    def read_events():
+        calls.append(1)
+        return (2.0, 3.5)
+
+    channel = Channel(host_all_reduce_p, {"op": "sum"}, "cpu:0", [], CommLane(), False)
+    channel.spans.append((0.0, 1.0))
+    channel.spans.append(read_events)
+    assert channel.times() == [(0.0, 1.0), (2.0, 3.5)]
+    assert channel.times() == [(0.0, 1.0), (2.0, 3.5)]
+    assert len(calls) == 1
