@@ -31,6 +31,16 @@ from .sgd import _host_scalars as _sgd_scalars
 from .sgd import _sgd_cpu_math
 
 
+@njit(error_model="numpy", cache=True)
+def _scatter(ps, n, j, replicas, new, first, count):
+    """new[:count] into every replica's parameter j at flat `first` (its chunk's valid part:
+    the padding is nobody's)."""
+    for k in range(replicas):
+        dst = ps[k * n + j][first:first + count]
+        for i in range(count):
+            dst[i] = new[i]
+
+
 @njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
 def _sharded_sgd(bufs, layout, table, ps, ms, n, zero, count, mean, lr, momentum, wd,
                  nesterov):
@@ -39,17 +49,16 @@ def _sharded_sgd(bufs, layout, table, ps, ms, n, zero, count, mean, lr, momentum
         r, j, start, stop = table[t, 0], table[t, 1], table[t, 2], table[t, 3]
         width, offset, length, size = layout[j, 0], layout[j, 1], layout[j, 2], layout[j, 3]
         at = r * width + offset
-        g = _reduced(bufs, at + start, at + stop, count, mean)
-        source, m = ps[r * n + j], ms[r * n + j]
+        g = _reduced(bufs, at + start, at + stop, count, mean)   # then the new values
+        first = r * length + start
+        valid = max(0, min(stop - start, size - first))
+        source, m = ps[r * n + j][first:first + valid], ms[r * n + j][start:stop]
         for i in range(stop - start):
-            flat = r * length + start + i
-            pi, mi = _sgd_cpu_math(source[flat] if flat < size else zero, m[start + i], g[i],
-                                   lr, momentum, wd, nesterov)
+            g[i], mi = _sgd_cpu_math(source[i] if i < valid else zero, m[i], g[i], lr,
+                                     momentum, wd, nesterov)
             if momentum != 0:
-                m[start + i] = mi
-            if flat < size:
-                for k in range(replicas):
-                    ps[k * n + j][flat] = pi
+                m[i] = mi
+        _scatter(ps, n, j, replicas, g, first, valid)
 
 
 @njit(parallel=True, fastmath=False, error_model="numpy", cache=True)
@@ -60,16 +69,16 @@ def _sharded_adam(bufs, layout, table, ps, ms, vs, n, zero, count, mean, lr_ts, 
         r, j, start, stop = table[t, 0], table[t, 1], table[t, 2], table[t, 3]
         width, offset, length, size = layout[j, 0], layout[j, 1], layout[j, 2], layout[j, 3]
         at = r * width + offset
-        g = _reduced(bufs, at + start, at + stop, count, mean)
-        source, m, v = ps[r * n + j], ms[r * n + j], vs[r * n + j]
+        g = _reduced(bufs, at + start, at + stop, count, mean)   # then the new values
+        first = r * length + start
+        valid = max(0, min(stop - start, size - first))
+        source = ps[r * n + j][first:first + valid]
+        m, v = ms[r * n + j][start:stop], vs[r * n + j][start:stop]
+        rate = lr_ts[r]
         for i in range(stop - start):
-            flat = r * length + start + i
-            pi, m[start + i], v[start + i] = _adam_cpu_math(
-                source[flat] if flat < size else zero, m[start + i], v[start + i], g[i],
-                lr_ts[r], b1, c1, b2, c2, eps, wd)
-            if flat < size:
-                for k in range(replicas):
-                    ps[k * n + j][flat] = pi
+            g[i], m[i], v[i] = _adam_cpu_math(source[i] if i < valid else zero, m[i], v[i],
+                                              g[i], rate, b1, c1, b2, c2, eps, wd)
+        _scatter(ps, n, j, replicas, g, first, valid)
 
 
 _prepared: OrderedDict = OrderedDict()   # a compiled step passes the same buffers every time

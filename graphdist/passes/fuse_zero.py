@@ -54,7 +54,7 @@ def fuse_sharded_update(g: Graph) -> Graph:
             continue
         nodes, dead, anchor, chains = found
         replaced.update(dict.fromkeys(dead))
-        replaced[anchor] = nodes                  # where the last replica's update was
+        replaced[anchor] = nodes          # where the reduce-scatter was: the buckets die early
         maybe_dead |= chains
     if not replaced:
         return g
@@ -135,7 +135,7 @@ def _bucket(index: _Index, rs: int):
     replaced = {rs, *dead, *updates, gather_eqn, *packing, *unpacking}
     names = [_variable_name(index, params[0][j], j) for j in range(n)]
     nodes = _nodes(scatter, update, multi, offsets, lengths, params, wholes, width, names)
-    return nodes, replaced, max(updates), chains
+    return nodes, replaced, rs, chains
 
 
 def _literal(index: _Index, v):
