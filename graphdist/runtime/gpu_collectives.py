@@ -11,7 +11,11 @@ halves): `start_all_reduce` runs the same reduction on the devices' communicatio
 each of which first waits for an event its device's compute stream records after the
 bucket's producers, and records an event after the reduction; `finish_all_reduce` makes
 each compute stream wait on that event, where the result is first read. Same kernels and
-order: the same bits.
+order: the same bits. The inline and the overlapped all-reduces share the NCCL
+communicators, whose calls must run in one order on every GPU: the overlapped ones queue
+on one communication stream per device, in program order, and the overlap stage puts every
+pending wait before an inline collective (passes/overlap.py), so the compute stream's NCCL
+call runs after them.
 """
 
 from __future__ import annotations
