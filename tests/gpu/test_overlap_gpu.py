@@ -134,6 +134,10 @@ def test_buckets_start_last_first_and_wait_before_their_first_reader(logical_gpu
         # the communication stream may still read them
         for v in eqns[i].inputs:
             assert live.last_use[live.root.get(v, v)] >= w
+    # every wait comes before the inline NCCL call: the communicators see one order of
+    # calls on every GPU (the compute stream's call after the communication stream's)
+    (inline,) = [k for k, e in enumerate(eqns) if e.op is nccl_all_reduce_p]
+    assert all(k < inline for k, e in enumerate(eqns) if e.op is collective_wait_p)
 
 
 def test_profile_draws_gpu_collectives_on_their_lanes(logical_gpus):
