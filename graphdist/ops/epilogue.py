@@ -250,3 +250,53 @@ def _relu_grad_bias_sum_impl(xp, ct, y, *, members):
 
 relu_grad_bias_sum_p.def_cost(lambda ins, outs, **_: (
     2 * outs[0].size, sum(t.nbytes for t in (*ins, *outs))))
+
+# ---------------------------------------------------------------- max_pool_conv_filter_grad
+# conv2d_backprop_filter(x, max_pool2d_grad(a, y, g)): a convolution's filter gradient from
+# the gradient a 2x2 max pool routes back, when nothing else reads the routed gradient (the
+# tutorial CNN's first layer: its input is data, so no input gradient). The CPU kernel
+# (kernels/epilogue.py pool_grad_filter_grad_cpu) routes each window's gradient and adds
+# its patches times it straight into dw: the routed 22 MB (at batch 256), three quarters
+# zeros, is never written or read back. Its sums run in another order than the GEMM's.
+
+# images per block of the kernel's sum (a fixed order whatever the thread count)
+POOL_FILTER_IMAGES = 16
+
+max_pool_conv_filter_grad_p = Op("max_pool_conv_filter_grad", cost_kind="matmul",
+                                 differentiable=False)
+
+
+def _pool_conv_params(params: dict) -> tuple[dict, dict]:
+    pool = {"ksize": params["ksize"], "strides": params["pool_strides"],
+            "padding": params["pool_padding"]}
+    conv = {k: params[k] for k in ("filter_size", "strides", "padding", "dilations")}
+    return pool, conv
+
+
+@max_pool_conv_filter_grad_p.def_shape
+def _max_pool_conv_filter_grad_shape(x, a, y, g, **params):
+    from graphdist.ops.conv import conv2d_backprop_filter_p
+    from graphdist.ops.pool import max_pool2d_grad_p
+
+    pool, conv = _pool_conv_params(params)
+    dz = max_pool2d_grad_p.out_types(a, y, g, **pool)
+    return conv2d_backprop_filter_p.out_types(x, dz, **conv)
+
+
+@max_pool_conv_filter_grad_p.def_impl
+def _max_pool_conv_filter_grad_impl(xp, x, a, y, g, **params):
+    from graphdist.ops.conv import conv2d_backprop_filter_p
+    from graphdist.ops.pool import max_pool2d_grad_p
+
+    pool, conv = _pool_conv_params(params)
+    return conv2d_backprop_filter_p.impl(xp, x, max_pool2d_grad_p.impl(xp, a, y, g, **pool),
+                                         **conv)
+
+
+@max_pool_conv_filter_grad_p.def_out
+def max_pool_conv_filter_grad_out(xp, dw, x, a, y, g, **params):
+    dw[...] = _max_pool_conv_filter_grad_impl(xp, x, a, y, g, **params)
+
+
+max_pool_conv_filter_grad_p.def_cost(lambda ins, outs, **_: (
+    2 * ins[1].size * outs[0].size // outs[0].shape[3], sum(t.nbytes for t in (*ins, *outs))))

@@ -173,3 +173,54 @@ def test_max_pool_grad_2x2_kernel_bits(shape, padding):
     ref = max_pool_grad_ref(x, y, dy, (2, 2), (2, 2), (pads[0][0], pads[1][0]))
     np.testing.assert_array_equal(got, ref)
     assert got[0, 0, 0, 0] == dy[0, 0, 0, 0] and got[0, 0, 1, 0] == 0 == got[0, 1, 0, 0]
+
+
+# ---------------------------------------------------------------- pool gradient into dw
+
+
+@pytest.mark.parametrize("n,hw,c,o", [(40, 28, 1, 32), (3, 13, 3, 5), (17, 9, 2, 16)])
+def test_pool_grad_filter_grad_kernel_against_the_two_ops(n, hw, c, o):
+    """kernels/epilogue.py pool_grad_filter_grad_cpu against max_pool2d_grad then
+    conv2d_backprop_filter (numpy forms) and a float64 formula; ties in the windows go to
+    the first max as max_pool2d_grad routes them; image blocks of several sizes give the
+    same sums up to rounding, one block size the same bits whatever the threads."""
+    from graphdist.kernels.epilogue import pool_grad_filter_grad_cpu
+    from graphdist.ops.conv import conv2d_backprop_filter_p
+    from graphdist.ops.epilogue import max_pool_conv_filter_grad_p
+    from graphdist.ops.pool import max_pool2d_grad_p, max_pool2d_p
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((n, hw, hw, c)).astype(np.float32)
+    a = np.maximum(np.round(rng.standard_normal((n, hw - 2, hw - 2, o)), 1), 0)
+    a = a.astype(np.float32)                                 # zeros and ties
+    pool = {"ksize": (2, 2), "strides": (2, 2), "padding": "VALID"}
+    y = max_pool2d_p.impl(np, a, **pool)
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    dz = max_pool2d_grad_p.impl(np, a, y, g, **pool)
+    want = conv2d_backprop_filter_p.impl(np, x, dz, filter_size=(3, 3), **P)
+    ref = np.einsum("nhwcpq,nhwo->pqco", np.lib.stride_tricks.sliding_window_view(
+        x.astype(np.float64), (3, 3), axis=(1, 2)), dz.astype(np.float64))
+    got = np.full((3, 3, c, o), np.nan, np.float32)
+    assert pool_grad_filter_grad_cpu(got, x, a, y, g, 4)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    again = np.empty_like(got)
+    assert pool_grad_filter_grad_cpu(again, x, a, y, g, 4)
+    np.testing.assert_array_equal(again, got)
+    params = dict(filter_size=(3, 3), **P, ksize=(2, 2), pool_strides=(2, 2),
+                  pool_padding="VALID", members=("max_pool2d_grad", "conv2d_backprop_filter"))
+    registered = np.empty_like(got)
+    _entry(max_pool_conv_filter_grad_p).out(registered, x, a, y, g, **params)
+    np.testing.assert_allclose(registered, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(max_pool_conv_filter_grad_p.impl(np, x, a, y, g, **params),
+                               want, rtol=1e-6, atol=1e-6)
+
+
+def test_pool_grad_filter_grad_refuses_what_it_cannot_run():
+    from graphdist.kernels.epilogue import pool_grad_filter_grad_cpu
+
+    x = np.ones((2, 8, 8, 1), np.float32)
+    a, y = np.ones((2, 6, 6, 4), np.float32), np.ones((2, 3, 3, 4), np.float32)
+    assert not pool_grad_filter_grad_cpu(np.empty((3, 3, 1, 4)), x, a, y, y, 4)    # float64
+    assert not pool_grad_filter_grad_cpu(np.empty((3, 3, 1, 4), np.float32), x, a,
+                                         np.ones((2, 2, 3, 4), np.float32), y, 4)
