@@ -222,18 +222,36 @@ def compiled(source: str):
         fn = _compiled.get(source)
         if fn is None:
             name = "fused_" + hashlib.sha1(source.encode()).hexdigest()[:20]
-            path = os.path.join(_cache_dir(), name + ".py")
-            if not os.path.exists(path):      # rewritten, its mtime would void the cache
-                tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-                with open(tmp, "w") as f:
-                    f.write(source)
-                os.replace(tmp, path)
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module     # where Numba's cache looks its globals up
-            spec.loader.exec_module(module)
-            fn = _compiled[source] = module.kernel
+            try:
+                module = _module_from_file(name, source)
+                kernel = module.kernel
+            except OSError:                   # no writable cache folder: compile in memory
+                kernel = _exec_kernel(name, source)
+            fn = _compiled[source] = kernel
     return fn
+
+
+def _module_from_file(name: str, source: str):
+    """The module of `source`, imported from its file in the cache folder (written first
+    when it is not there yet), so Numba's on-disk cache applies to it."""
+    path = os.path.join(_cache_dir(), name + ".py")
+    if not os.path.exists(path):          # rewritten, its mtime would void the cache
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module            # where Numba's cache looks its globals up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _exec_kernel(name: str, source: str):
+    """`source`'s kernel compiled from memory, without Numba's cache (it needs a file)."""
+    namespace: dict = {}
+    exec(compile(source.replace("cache=True", "cache=False"), f"<{name}>", "exec"), namespace)
+    return namespace["kernel"]
 
 
 def run(source: str, kinds, cols: int, inputs, literals, outs) -> None:

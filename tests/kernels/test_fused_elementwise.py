@@ -174,3 +174,15 @@ def test_the_generated_source_reads_rows_by_column_and_has_no_fastmath():
     with pytest.raises(KeyError, match="exp"):
         fk.kernel_source([("exp", {}, [("x", 0)], ("t", 0))], [fk.FULL], 0, [("t", 0)],
                          ["float32"])
+
+
+def test_without_a_writable_cache_folder_the_kernel_compiles_in_memory(tmp_path, monkeypatch):
+    blocked = tmp_path / "a file, not a folder"
+    blocked.write_text("")
+    monkeypatch.setenv("GRAPHDIST_FUSED_DIR", str(blocked))
+    monkeypatch.setattr(fk, "_compiled", {})
+    x, y = edge_values((M, N), np.float32, 12), edge_values((M, N), np.float32, 13)
+    node = fused_node(CHAINS["relu"], x, y)
+    kernel, twin = run_both(node, [x, y])
+    assert_same_bits(kernel, twin)
+    assert len(fk._compiled) == 1
