@@ -389,3 +389,21 @@ def test_merged_replicas_fuse_too():
     g = step.replicated_graph
     assert g.merged and fused_nodes(g)
     assert "fuse_elementwise" in step.stages
+
+
+def test_casts_between_floats_fuse_with_their_neighbours(monkeypatch):
+    x, y, _, _ = inputs(np.float32, seed=6)
+    x64 = x.astype(np.float64) * 3.0
+
+    def fn(x64, y):
+        narrow = gd.cast(x64 * 2.0 + 1.0, "float32")
+        return narrow * y, gd.cast(y + 0.5, "float64") - x64
+
+    f = gd.function(fn)
+    got = f(x64, y)
+    members = sorted(dict(e.params)["members"] for e in fused_nodes(f.replicated_graph))
+    assert ("mul", "add", "cast", "mul") in members
+    want = run_unfused(gd.function(fn), x64, y, monkeypatch=monkeypatch)
+    for a, w in zip(got, want):
+        np.testing.assert_array_equal(a, w)
+    np.testing.assert_array_equal(got[0], (x64 * 2 + 1).astype(np.float32) * y)
