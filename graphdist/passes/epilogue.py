@@ -4,7 +4,7 @@ gradient feeding the bias gradient's sum becomes one pass. Each is one or two pa
 an activation fewer: the tutorial CNN's first layer writes 22 MB per step at batch 256.
 
 Runs on the placed graph (after place / replicate / merge, so the differentiated graph),
-with fused kernels on. Forward, per matmul (x (..., K) @ w (K, O), one GEMM over x's rows)
+with fused kernels on, on host devices (those running the CPU kernels). Forward, per matmul (x (..., K) @ w (K, O), one GEMM over x's rows)
 or conv2d:
 
 - its result read only by an `add` of a bias of shape (O,) (either operand order): the add
@@ -29,6 +29,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from graphdist.device.backends import backend_of_kind
+from graphdist.device.host import HOST_KERNELS
 from graphdist.ir import Eqn, Graph, Var
 from graphdist.ops.array import reshape_p
 from graphdist.ops.conv import conv2d_backprop_filter_p, conv2d_p
@@ -76,6 +78,17 @@ class _Uses:
         return uses[0][0]
 
 
+def on_host(device) -> bool:
+    """Does `device` run the host's Numba kernels (asked of its kind)? Elsewhere (GPUs) the
+    unfused ops stay: the fused forms' fast paths are CPU kernels."""
+    if device is None:
+        return False
+    try:
+        return backend_of_kind(str(device).partition(":")[0]).kernel_kind == HOST_KERNELS
+    except (KeyError, ValueError):
+        return False
+
+
 def _param(eqn, key):
     return dict(eqn.params)[key]
 
@@ -84,7 +97,9 @@ def _param(eqn, key):
 
 
 def _base(eqn) -> bool:
-    """A GEMM-backed op whose output pass can take an epilogue."""
+    """A GEMM-backed op on a host device whose output pass can take an epilogue."""
+    if not on_host(eqn.device):
+        return False
     if eqn.op is conv2d_p:
         return eqn.outputs[0].ty.dtype in FLOATS
     if eqn.op is matmul_p:
@@ -222,7 +237,8 @@ def _relu_grad_before_pool(g: Graph) -> Graph:
     producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
     replaced: dict = {}
     for r, eqn in enumerate(g.eqns):
-        if eqn.op is not relu_grad_p or eqn.outputs[0].ty.dtype not in FLOATS:
+        if eqn.op is not relu_grad_p or eqn.outputs[0].ty.dtype not in FLOATS \
+                or not on_host(eqn.device):
             continue
         ct, x = eqn.inputs
         p = producer.get(ct)
@@ -270,7 +286,7 @@ def _fold_backward(g: Graph) -> Graph:
     replaced: dict = {}
     for i, eqn in enumerate(g.eqns):
         if eqn.op is not relu_grad_p or eqn.outputs[0].ty.dtype not in FLOATS \
-                or not all(isinstance(v, Var) for v in eqn.inputs) \
+                or not on_host(eqn.device) or not all(isinstance(v, Var) for v in eqn.inputs) \
                 or eqn.inputs[0].ty != eqn.inputs[1].ty:
             continue
         j = _bias_sum(g, uses, eqn.outputs[0])
@@ -296,7 +312,8 @@ def _pool_into_filter_grad(g: Graph) -> Graph:
     producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
     replaced: dict = {}
     for f, eqn in enumerate(g.eqns):
-        if eqn.op is not conv2d_backprop_filter_p or eqn.outputs[0].ty.dtype not in FLOATS:
+        if eqn.op is not conv2d_backprop_filter_p or eqn.outputs[0].ty.dtype not in FLOATS \
+                or not on_host(eqn.device):
             continue
         conv = dict(eqn.params)
         p = producer.get(eqn.inputs[1])

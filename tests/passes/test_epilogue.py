@@ -349,3 +349,18 @@ def test_filter_gradient_not_folded_when_the_input_gradient_reads_the_routed_one
     ops = _ops(step.replicated_graph)
     assert "max_pool_conv_filter_grad" not in ops
     assert {"max_pool2d_grad", "conv2d_backprop_filter", "conv2d_backprop_input"} <= set(ops)
+
+
+def test_only_host_devices_fold():
+    """The fused forms' fast paths are CPU kernels: eqns placed on a GPU keep their ops."""
+    from dataclasses import replace
+
+    from graphdist.passes.epilogue import on_host
+
+    step = _grads_step("conv", "relu", _params("conv", 1, True))
+    step(np.ones((4, 8, 8, 8), np.float32))
+    placed = step.stages["place"]
+    assert on_host("cpu:0") and not on_host("gpu:0") and not on_host(None)
+    assert fold_epilogues(placed) is not placed
+    on_gpu = replace(placed, eqns=tuple(replace(e, device="gpu:0") for e in placed.eqns))
+    assert fold_epilogues(on_gpu) is on_gpu
