@@ -254,13 +254,24 @@ def _exec_kernel(name: str, source: str):
     return namespace["kernel"]
 
 
+# bytes touched from which a loop of cheap members runs on every thread: below it one
+# thread nearly fills this 2-core VM's memory bandwidth (x * s + mask, 2 and 4 MiB out:
+# 40-50 and 79-104 us on one thread, 49-58 and 87-109 us on two; numpy's two passes 92-96
+# and 173-214 us; from 8 MiB out two threads won or tied: 130-175 against 165-207 us).
+# Loops with gelu members are bound by their arithmetic: kernels/common.py's threshold.
+CHEAP_PARALLEL_MIN_BYTES = 16 << 20
+
+
 def run(source: str, kinds, cols: int, inputs, literals, outs) -> None:
     """Run `source`'s kernel: `inputs` flat arrays as `kinds` says, `literals` numpy
     scalars, `outs` flat C-contiguous output arrays of rows * cols elements."""
-    from .common import threads_for
+    from .common import PARALLEL_MIN_BYTES, threads_for
 
     n = outs[0].size
     rows = n // cols if cols else 0
     nbytes = sum(x.nbytes for x in inputs) + sum(o.nbytes for o in outs)
+    heavy = "_gelu" in source[len(PRELUDE):]
+    if not heavy:      # threads_for's threshold scaled to the cheap loops' own
+        nbytes = nbytes * PARALLEL_MIN_BYTES // CHEAP_PARALLEL_MIN_BYTES
     with threads_for(nbytes):
         compiled(source)(rows, cols, *inputs, *literals, *outs)
