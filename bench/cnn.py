@@ -111,7 +111,6 @@ def main(argv=None) -> dict:
     entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
     entry.update(run_peers("bench.peers.graphdist_cnn", [], base))
     entry.update(run_peer_rows(PEERS, base, args.no_peers))
-    python = None if args.no_peers else peer_python()
     rows = [_row(name, r) for name, r in entry.items()]
     text = table(f"tutorial CNN, 28x28x1, global batch {CNN_BATCH}, Adam (median of "
                  f"{args.repeat}; max |param diff| 4 vs 1 device after 3 steps: {diff:.1e}; "
@@ -119,7 +118,8 @@ def main(argv=None) -> dict:
                  ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s",
                   "loss 1", "loss 3"], rows)
     ours = op_profile()
-    theirs = run_peer(python, "bench.peers.tf_cnn_ops") if python else None
+    ran = "TF tf.function" in entry             # tf_cnn.py ran (so TF is installed)
+    theirs = run_peer(peer_python(), "bench.peers.tf_cnn_ops") if ran else None
     names = sorted(ours, key=lambda k: -ours[k])[:9]
     ops_text = table("one-device step per op, ms: graphdist's profile next to TensorFlow's ops "
                      "timed alone at the same shapes (TF fuses some of them in its step)",
