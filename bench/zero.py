@@ -6,7 +6,8 @@
   the process's peak RSS (each stage in a fresh subprocess, so one stage's arrays do not
   hide another's), and the formula (float32 Adam: 4 + 4 + 8 bytes per parameter; stage 1
   4 + 4 + 8/N, stage 2 4 + 12/N; plus the activations, which data parallelism keeps);
-- step time at stages 0, 1, 2, interleaved (target: stage 1 within 10% of stage 0);
+- step time at stages 0, 1, 2, interleaved (target: stage 1 within 10% of stage 0), and
+  stage 1 without its fused reduce-scatter + update + all-gather node (passes/fuse_zero.py);
 - gradient accumulation: a micro-step (accumulating, k large enough that no call applies)
   against the plain step and against the step's compute alone (loss and gradients written
   to per-replica variables, no update, no collective; target: micro-step within 5%).
@@ -20,8 +21,12 @@
   on the 4 logical devices: step time, interleaved, and the planner's memory per replica
   against the same formula.
 
-PyTorch's ZeroRedundancyOptimizer, the peer the issue names, is not run: torch is not
-installed in this environment (the script says so in its output when it is missing).
+- the peer the issue names, PyTorch's ZeroRedundancyOptimizer (bench/peers/torch_zero.py,
+  run by the benchmark environment's Python, .venv-bench/bin/python or
+  $GRAPHDIST_PEER_PYTHON): the same MLP, batch and Adam on 2 gloo processes, 1 thread each,
+  pinned, DDP + Adam (stage 0) and DDP + ZeroRedundancyOptimizer timed interleaved in the
+  same processes, beside graphdist's 2 MPI workers (the mpi part); skipped where that
+  Python or torch is missing.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.zero [--repeat 15]
         [--parts mlp,mpi,gpt]
@@ -30,7 +35,6 @@ installed in this environment (the script says so in its output when it is missi
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import resource
@@ -74,6 +78,21 @@ def make(stage: int = 0, accumulation: int = 1, update: bool = True):
         return strategy.run(replica_fn, args=(x, y))
 
     batch = next(iter(strategy.experimental_distribute_dataset([data()])))
+    return step, batch
+
+
+def unfused_stage_1():
+    """(step, batch) at stage 1 compiled without fuse_sharded_update: each bucket's
+    reduce-scatter, the replicas' updates and the all-gather as separate nodes (what stage
+    1 ran before the fused node)."""
+    import graphdist.pipeline as pipeline
+
+    saved, pipeline.fuse_sharded_update = pipeline.fuse_sharded_update, lambda g: g
+    try:
+        step, batch = make(1)
+        step(*batch)                          # compiled now
+    finally:
+        pipeline.fuse_sharded_update = saved
     return step, batch
 
 
@@ -143,6 +162,7 @@ def part_mlp(repeat: int) -> tuple[dict, str]:
                      ["stage", "params", "grads", "slots", "activations", "planner total",
                       "formula", "process RSS", "peak RSS"], rows)
     steps = {f"stage {s}": make(s) for s in (0, 1, 2)}
+    steps["stage 1, nodes apart"] = unfused_stage_1()
     steps["micro-step (k=10^6)"] = make(0, accumulation=10**6)
     steps["compute alone"] = make(0, update=False)
     timed = interleaved({name: (lambda sb=sb: sb[0](*sb[1])) for name, sb in steps.items()},
@@ -173,14 +193,38 @@ def part_mpi(repeat: int) -> tuple[dict, str]:
         return {}, "the 2-worker run failed (see stderr)"
     res = r["results"]
     base = res["stage 0"]["median_s"]
-    rows = [[name, v["median_s"] * 1e3, v["min_s"] * 1e3, v["median_s"] / base,
+    rows = [[f"graphdist {name}", v["median_s"] * 1e3, v["min_s"] * 1e3, v["median_s"] / base,
              max(abs(a - b) for a, b in zip(v["losses"], res["stage 0"]["losses"]))]
             for name, v in res.items()]
-    text = table(f"MLP step, global batch {BATCH}, on 2 MPI workers x 1 device, 1 BLAS thread "
-                 f"each, pinned (median of {repeat}, interleaved, the slower rank per sample; "
-                 "target: stage 1 within 10% of stage 0)",
+    peer = torch_zero(repeat)
+    if peer is not None:
+        r["peer"] = peer
+        theirs = peer["results"]
+        rows += [[f"PyTorch {label}", v["median_s"] * 1e3, v["min_s"] * 1e3,
+                  v["median_s"] / theirs["stage 0"]["median_s"],
+                  max(abs(a - b) for a, b in zip(v["losses"], res["stage 0"]["losses"]))]
+                 for label, v in (("stage 0 (DDP + Adam)", theirs["stage 0"]),
+                                  ("ZeroRedundancyOptimizer", theirs["ZeRO"]))]
+    text = table(f"MLP step, global batch {BATCH}, on 2 workers x 1 device, 1 BLAS thread each, "
+                 f"pinned (graphdist: MPI; PyTorch: gloo; median of {repeat}, interleaved, the "
+                 "slower rank per sample; 'vs stage 0' against each one's own stage 0; target: "
+                 "stage 1 within 10% of stage 0)",
                  ["step", "median ms", "min ms", "vs stage 0", "loss diff 3 steps"], rows)
     return r, text
+
+
+def torch_zero(repeat: int) -> dict | None:
+    """PyTorch's DDP + Adam and DDP + ZeroRedundancyOptimizer on 2 gloo processes
+    (bench/peers/torch_zero.py in the benchmark environment's Python), or None where there
+    is none (said on stderr)."""
+    from bench.common import peer_python, run_peer
+
+    python = peer_python()
+    if python is None:
+        print("no benchmark Python (.venv-bench): PyTorch's ZeroRedundancyOptimizer was not "
+              "run", file=sys.stderr)
+        return None
+    return run_peer(python, "bench.peers.torch_zero", "--procs", "2", "--repeat", str(repeat))
 
 
 def part_gpt(repeat: int) -> tuple[dict, str]:
@@ -238,14 +282,9 @@ def main(argv=None) -> dict:
     for name in args.parts.split(","):
         results[name], text = PARTS[name](args.repeat)
         texts.append(text)
-    peer = ("torch is not installed here: PyTorch's ZeroRedundancyOptimizer was not run"
-            if importlib.util.find_spec("torch") is None else
-            "torch is installed, but the ZeroRedundancyOptimizer peer is not written yet")
-    text = "\n\n".join([*texts, peer])
-    print(peer)                              # table() printed the parts' tables
+    text = "\n\n".join(texts)            # table() printed the parts' tables
     if "mlp" in results:              # the layout earlier runs saved: memory and time on top
         results.update(results.pop("mlp"))
-    results["peer"] = peer
     save("zero", {"results": results, "table": text})
     return results
 

@@ -75,10 +75,10 @@ def assert_same_bits(make):
     np.testing.assert_array_equal(kernel_losses, numpy_losses)
 
 
-def mlp(optimizer, devices, activation=gd.relu, sizes=(64, 256, 256, 10)):
+def mlp(optimizer, devices, activation=gd.relu, sizes=(64, 256, 256, 10), zero_stage=0):
     def make():
         rng = np.random.default_rng(0)
-        strategy = (gd.MirroredStrategy(devices) if len(devices) > 1
+        strategy = (gd.MirroredStrategy(devices, zero_stage=zero_stage) if len(devices) > 1
                     else gd.OneDeviceStrategy(devices[0]))
         with strategy.scope():
             ws = [gd.Variable((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32))
@@ -122,6 +122,13 @@ OPTIMIZERS = {
 @pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]])
 def test_an_mlp_trains_to_the_same_bits_on_either_form(optimizer, devices):
     assert_same_bits(mlp(OPTIMIZERS[optimizer], devices))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_sharded_optimizer_state_trains_to_the_same_bits_on_either_form(optimizer):
+    """zero_stage=1: each bucket's reduce-scatter + shard update + all-gather in one node
+    (passes/fuse_zero.py), its Numba kernel or its numpy twin."""
+    assert_same_bits(mlp(OPTIMIZERS[optimizer], ["cpu:0", "cpu:1", "cpu:2"], zero_stage=1))
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
