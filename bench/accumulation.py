@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
+import time
 
 import numpy as np
 
 import graphdist as gd
-from bench.common import interleaved, save, table
+from bench.common import save, settle, table
 from bench.models import mlp_loss
 from bench.peers.common import BATCH, data, init
 from graphdist import pipeline
-from graphdist.function import _kernels_loaded
 
 N = 4
 DEVICES = [f"cpu:{i}" for i in range(N)]
@@ -80,6 +81,28 @@ def in_phase(step, batch, opt, phase: str):
     return run
 
 
+def rounds(fns: dict, repeat: int) -> dict:
+    """Every contender once per round, in order; each contender's median and min time, and
+    the median over rounds of its time over compute alone's and over the plain step's in
+    the same round (a round's contenders share the machine's load, which on a shared VM
+    moves more from round to round than between them)."""
+    settle()
+    samples = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, times in samples.items():
+        out[name] = {"median_s": statistics.median(times), "min_s": min(times),
+                     "repeat": repeat}
+        for ref, key in (("compute alone", "vs compute alone"),
+                         ("plain step (k=1)", "vs plain step")):
+            out[name][key] = statistics.median(t / r for t, r in zip(times, samples[ref]))
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=30)
@@ -101,17 +124,15 @@ def main(argv=None) -> dict:
     for name, fn in fns.items():      # compile and load every program; pair ends a window
         for _ in range(4 if "(k=2)" in name else 3):
             (lambda: pair[0](*pair[1]) if "(k=2)" in name else fn())()
-    _kernels_loaded()
+    settle()
     assert "matmul_accumulate" in str(micro[0].graph), "the micro-step is not fused"
     assert "matmul_accumulate" not in str(old_micro[0].graph)
-    timed = interleaved(fns, repeat=args.repeat, warmup=0)
-    base = timed["compute alone"]["median_s"]
-    plain_s = timed["plain step (k=1)"]["median_s"]
-    rows = [[name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["median_s"] / base,
-             r["median_s"] / plain_s] for name, r in timed.items()]
+    timed = rounds(fns, args.repeat)
+    rows = [[name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["vs compute alone"],
+             r["vs plain step"]] for name, r in timed.items()]
     text = table(f"gradient accumulation, MLP Adam, global batch {BATCH} on {N} logical CPU "
-                 f"devices (median of {args.repeat}, interleaved; target: micro-step within "
-                 "5% of compute alone)",
+                 f"devices ({args.repeat} interleaved rounds; ratios: the median of each "
+                 "round's ratio; target: micro-step within 5% of compute alone)",
                  ["step", "median ms", "min ms", "vs compute alone", "vs plain step"], rows)
     save("accumulation", {"results": timed, "table": text})
     return timed
