@@ -22,7 +22,7 @@ import numpy as np
 
 import graphdist as gd
 from bench.common import (peer_python, run_peer, run_peer_rows, run_peers, save, table,
-                          unpinned_rerun)
+                          unpinned_rerun, versus_best_peer, versus_text)
 from bench.models import graphdist_side_by_side, make_cnn_step
 from bench.peers.common import CNN_BATCH, cnn_data
 from graphdist.ops import OPS
@@ -117,6 +117,10 @@ def main(argv=None) -> dict:
                  "every contender starts from the same weights and batch)",
                  ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s",
                   "loss 1", "loss 3"], rows)
+    targets = versus_best_peer(entry, {1: "graphdist 1 device", 4: DEFAULT})
+    if targets:
+        print(versus_text(targets) + "\n")
+        text += "\n" + versus_text(targets)
     ours = op_profile()
     ran = "TF tf.function" in entry             # tf_cnn.py ran (so TF is installed)
     theirs = run_peer(peer_python(), "bench.peers.tf_cnn_ops") if ran else None
@@ -133,7 +137,8 @@ def main(argv=None) -> dict:
                       ["layer", "op", "batch", "ms", "GFLOP/s", "of sgemm"],
                       [[layer, op, CNN_BATCH // 4 if k < len(convs) // 2 else CNN_BATCH,
                         s * 1e3, g, g / peak] for k, (layer, op, s, g) in enumerate(convs)])
-    save("cnn", {"results": entry, "max_param_diff_after_3_steps": diff, "sgemm_gflops": peak,
+    save("cnn", {"results": entry, "versus_best_peer": targets,
+                 "max_param_diff_after_3_steps": diff, "sgemm_gflops": peak,
                  "openblas_pin": "dropped (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset)",
                  "ops_ms": ours, "tf_ops_ms": theirs and {k: v * 1e3 for k, v in
                                                          theirs["ops_s"].items()},

@@ -304,3 +304,28 @@ def run_peer_rows(peers, base: float, no_peers: bool = False, *args) -> dict:
         else:
             out[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
     return out
+
+
+def versus_best_peer(entry: dict, ours: dict) -> dict:
+    """The targets "at most the best peer's time": for each device count in `ours`
+    ({devices: graphdist's row}), graphdist's median and min over the fastest peer's at that
+    device count (the peers' rows carry "devices"; graphdist's own-process rows are not
+    peers), or nothing where no peer ran."""
+    out = {}
+    for devices, name in ours.items():
+        peers = {k: r for k, r in entry.items() if r.get("devices") == devices
+                 and "median_s" in r and not k.startswith("graphdist")}
+        if name not in entry or not peers:
+            continue
+        best = min(peers, key=lambda k: peers[k]["median_s"])
+        out[devices] = {"graphdist": name, "best_peer": best,
+                        "median_ratio": entry[name]["median_s"] / peers[best]["median_s"],
+                        "min_ratio": entry[name]["min_s"] / peers[best]["min_s"]}
+    return out
+
+
+def versus_text(targets: dict) -> str:
+    """One line per device count: graphdist against the fastest peer (target: at most 1)."""
+    return "\n".join(f"{d} device{'s' * (d > 1)}: {t['graphdist']} / {t['best_peer']} = "
+                     f"{t['median_ratio']:.2f} (medians), {t['min_ratio']:.2f} (mins); "
+                     "target: at most 1" for d, t in targets.items())

@@ -37,10 +37,10 @@ import numpy as np
 
 import graphdist as gd
 from bench.common import (interleaved, peer_python, run_peer, run_peer_rows, run_peers, save,
-                          table, unpinned_rerun)
+                          table, unpinned_rerun, versus_best_peer, versus_text)
 from bench.gpt import op_groups_table, op_profile
 from bench.models import make_gpt2_step, make_gpt_step
-from bench.peers.gpt_common import GPT2_MODEL, gpt2_data, gpt2_init, parameter_count
+from bench.peers.gpt_common import GPT2_MODEL, gpt2_data, gpt2_init, gpt_data, parameter_count
 
 SHAPE = (2048, 512)
 PEERS = [("bench.peers.jax_gpt2", 1), ("bench.peers.tf_gpt2", 1),
@@ -139,8 +139,6 @@ def graphdist_part(repeat: int) -> dict:
     four = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
     batch4 = next(iter(four.experimental_distribute_dataset([batch])))
     before = _reference_gelu_entries()
-    from bench.peers.gpt_common import gpt_data
-
     builds = {ONE: ({}, make_gpt2_step, one, batch),
               f"{ONE}, tanh gelu on the op's reference (before issue 29)":
                   (before, make_gpt2_step, one, batch),
@@ -173,6 +171,10 @@ def loss_off(losses: list, ref: list) -> float | None:
 
 
 def steps_table(entry: dict, repeat: int) -> str:
+    """Every contender's timing, parameter count and losses, or why it did not run; the
+    title says whether every loss agrees with graphdist's one-device step (the same model,
+    weights, batch and optimizer), and the footer how graphdist stands against the fastest
+    peer on 1 device and on 4."""
     ref = entry[ONE]["losses"]
     rows, off_model = [], []
     for name, r in entry.items():
@@ -193,11 +195,15 @@ def steps_table(entry: dict, repeat: int) -> str:
                f"NOT THE SAME MODEL: {', '.join(off_model)} (losses off by > {LOSS_RTOL:g})")
     if off_model:
         print(f"bench.gpt2: {verdict}", file=sys.stderr)
-    return table(f"GPT-2-style step, batch 32 x 64 tokens, Adam (median of {repeat}, "
+    text = table(f"GPT-2-style step, batch 32 x 64 tokens, Adam (median of {repeat}, "
                  f"graphdist's rows interleaved, the peers each in its own process; "
                  f"{verdict})",
                  ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s",
                   "parameters", "loss 1", "loss 3", "loss rel diff"], rows)
+    versus = versus_text(versus_best_peer(entry, {1: ONE, 4: DEFAULT}))
+    if versus:
+        print(versus + "\n")
+    return text + ("\n" + versus if versus else "")
 
 
 def main(argv=None) -> dict:
@@ -220,7 +226,9 @@ def main(argv=None) -> dict:
     torch = run_peer(peer_python(), "bench.peers.torch_gpt2", "--profile") if ran else None
     theirs = torch["ops_s"] if torch else {}
     ops_text = op_groups_table(groups, ops, theirs)
-    save("gpt2", {"model": GPT2_MODEL.name, "gelu": gelu, "results": entry, "ops_ms": ops,
+    save("gpt2", {"model": GPT2_MODEL.name, "gelu": gelu, "results": entry,
+                  "versus_best_peer": versus_best_peer(entry, {1: ONE, 4: DEFAULT}),
+                  "ops_ms": ops,
                   "op_groups_ms": groups,
                   "torch_op_groups_ms": {k: v * 1e3 for k, v in theirs.items()},
                   "openblas_pin": "dropped (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset)",

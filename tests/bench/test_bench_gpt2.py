@@ -121,3 +121,23 @@ def test_the_run_starts_again_without_the_openblas_pin(monkeypatch, capsys):
     assert not set(common.OPENBLAS_PIN) & set(env) and env["PATH"] == os.environ["PATH"]
     assert "without the environment's OpenBLAS pin (OPENBLAS_CORETYPE=Haswell, " \
            "OPENBLAS_L2_SIZE=512), as on a user's machine" in capsys.readouterr().err
+
+
+def test_the_targets_compare_graphdist_with_the_fastest_peer_at_each_device_count():
+    def row(median, low, devices=None):
+        return {"median_s": median, "min_s": low, **({"devices": devices} if devices else {})}
+
+    entry = {gpt2.ONE: row(0.030, 0.027), gpt2.DEFAULT: row(0.040, 0.036),
+             "graphdist Mirrored x4 (own process)": row(0.010, 0.009, 4),   # not a peer
+             "JAX jit": row(0.050, 0.045, 1), "TF tf.function": row(0.025, 0.018, 1),
+             "JAX pmap x4": row(0.036, 0.030, 4), "tf_gpt2 --devices 4": {"status": "x"}}
+    targets = common.versus_best_peer(entry, {1: gpt2.ONE, 4: gpt2.DEFAULT})
+    assert targets[1]["best_peer"] == "TF tf.function"
+    assert targets[1]["median_ratio"] == pytest.approx(0.030 / 0.025)
+    assert targets[1]["min_ratio"] == pytest.approx(0.027 / 0.018)
+    assert targets[4]["best_peer"] == "JAX pmap x4"
+    assert targets[4]["median_ratio"] == pytest.approx(0.040 / 0.036)
+    assert common.versus_text(targets).splitlines()[0] == (
+        "1 device: graphdist 1 device / TF tf.function = 1.20 (medians), 1.50 (mins); "
+        "target: at most 1")
+    assert common.versus_best_peer({gpt2.ONE: row(0.03, 0.03)}, {1: gpt2.ONE}) == {}
