@@ -1,27 +1,30 @@
-"""Epilogues: a matmul or conv2d, its bias add and its activation become one node that adds
-the bias and applies the activation in the GEMM's output pass (ops/epilogue.py), and relu's
-gradient feeding the bias gradient's sum becomes one pass. Each is one or two passes over
-an activation fewer: the tutorial CNN's first layer writes 22 MB per step at batch 256.
+"""Epilogues: work folded into the output pass of the GEMM-backed ops and of the passes
+around them, so each activation is read and written fewer times (the tutorial CNN's first
+layer: 22 MB per pass at batch 256).
 
-Runs on the placed graph (after place / replicate / merge, so the differentiated graph),
-with fused kernels on, on host devices (those running the CPU kernels). Forward, per matmul (x (..., K) @ w (K, O), one GEMM over x's rows)
-or conv2d:
+Runs on the placed graph (after place / replicate / merge, so forward and backward are
+both there), with fused kernels on, on host devices (those running the CPU kernels):
 
-- its result read only by an `add` of a bias of shape (O,) (either operand order): the add
-  folds in; read by anything else (or returned), nothing folds;
-- the (bias-added) pre-activation read by one relu or gelu and otherwise only by that
-  activation's gradient: the activation folds in. relu_grad(ct, pre) reads the relu's
-  output instead (relu(v) > 0 exactly where v > 0, NaN included); gelu_grad needs the
-  pre-activation, which the fused node then also returns (keep=True). Read by anything
-  else, the activation stays a node of its own (reading the fused node's output).
-
-Backward: relu_grad(ct, y) whose result is summed by a reduce_sum over every axis but the
-last (the bias gradient) becomes relu_grad_bias_sum, giving both; the result's other
-readers (the matmul's or conv's input and filter gradients) read it as before.
+1. Forward, per matmul (x (..., K) @ w (K, O): one GEMM over x's rows, traced with reshapes
+   around it) or conv2d -> matmul_bias_act / conv2d_bias_act (ops/epilogue.py):
+   - its result read only by an `add` of a bias of shape (O,) (either operand order): the
+     add folds in; read by anything else (or returned), nothing folds;
+   - the (bias-added) pre-activation read by one relu or gelu and otherwise only by that
+     activation's gradient: the activation folds in. relu_grad(ct, pre) then reads the
+     relu's output (relu(v) > 0 exactly where v > 0, NaN included); gelu_grad needs the
+     pre-activation, which the fused node also returns (keep=True). Read by anything else,
+     the activation stays a node of its own (reading the fused node's output).
+2. relu_grad(max_pool2d_grad(x, y, dy), x) -> max_pool2d_grad(x, y, relu_grad(dy, y)): the
+   mask on the pooled gradient (a quarter of the size for 2x2 windows).
+3. relu_grad(ct, y) summed by a reduce_sum over every axis but the last (the bias gradient)
+   -> relu_grad_bias_sum, both in one pass; other readers of the result read it as before.
+4. conv2d_backprop_filter(x, max_pool2d_grad(a, y, dy)) whose routed gradient nothing else
+   reads (a first layer: no input gradient) -> max_pool_conv_filter_grad, which never
+   writes the routed gradient.
 
 Every fused node lists the ops it replaced in its `members` param (text IR, HTML viewer,
-summary). Results are those of the unfused ops up to the GEMM's blocking and the bias
-gradient's summation order (tests/passes/test_epilogue.py)."""
+g.summary()). Results are those of the unfused ops up to the GEMMs' blocking and the sums'
+order (tests/passes/test_epilogue.py)."""
 
 from __future__ import annotations
 

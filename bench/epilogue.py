@@ -1,0 +1,118 @@
+"""The tutorial CNN step (bench/cnn.py, batch 256, Adam) with the epilogues stage
+(passes/epilogue.py: bias + relu in each conv's and dense layer's output pass, relu's
+gradient moved before the pool's and fused with the bias gradient's sum) on and off,
+on one device and on 4 logical devices, timed interleaved in one run; then the
+one-device step's per-op profile (`Function.profile`) in both forms, grouped as the
+docs' CNN table groups TF's ops.
+
+    python -m bench.epilogue [--repeat N] [--profiles N]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import graphdist as gd
+from bench.common import interleaved, save, table
+from bench.models import make_cnn_step
+from bench.peers.common import cnn_data
+from graphdist import pipeline
+
+GROUPS = {
+    "conv2d": "conv forward", "conv2d_bias_act": "conv forward",
+    "conv2d_backprop_filter": "conv filter grad", "conv2d_backprop_input": "conv input grad",
+    "max_pool_conv_filter_grad": "conv filter grad",      # with the first pool's gradient
+    "max_pool2d": "max pool", "max_pool2d_grad": "max pool grad",
+    "add": "bias add, relu, their grads", "relu": "bias add, relu, their grads",
+    "relu_grad": "bias add, relu, their grads", "reduce_sum": "bias add, relu, their grads",
+    "relu_grad_bias_sum": "bias add, relu, their grads",
+    "matmul": "dense (matmul)", "matmul_bias_act": "dense (matmul)",
+    "adam_multi_update": "Adam",
+}
+
+
+def _strategy(replicas: int):
+    return gd.OneDeviceStrategy("cpu:0") if replicas == 1 else \
+        gd.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
+
+
+def build(replicas: int, epilogues: bool, batch):
+    """A compiled CNN step with the epilogues stage on or off (everything else as usual)."""
+    stage = pipeline.epilogues
+    if not epilogues:
+        pipeline.epilogues = lambda: []
+    try:
+        strategy = _strategy(replicas)
+        step, _ = make_cnn_step(strategy)
+        data = batch if replicas == 1 else \
+            next(iter(strategy.experimental_distribute_dataset([batch])))
+        step(data)
+    finally:
+        pipeline.epilogues = stage
+    return lambda: step(data), step, data
+
+
+def step_rows(repeat: int) -> tuple[list, dict]:
+    batch = cnn_data()
+    rows, made = [], {}
+    for replicas in (1, 4):
+        forms = {on: build(replicas, on, batch) for on in (True, False)}
+        made[replicas] = forms
+        t = interleaved({"on": forms[True][0], "off": forms[False][0]}, repeat,
+                        label=f"CNN x{replicas} epilogues on/off")
+        for name in ("off", "on"):
+            rows.append([f"x{replicas}" if replicas > 1 else "1 device", name,
+                         t[name]["median_s"] * 1e3, t[name]["min_s"] * 1e3,
+                         t[name]["median_s"] / t["off"]["median_s"]])
+    return rows, made
+
+
+def profile_rows(made: dict, profiles: int) -> list:
+    """Per op group, ms per step (mean over `profiles` profiled steps each, alternating)."""
+    totals = {True: {}, False: {}}
+    for on in (True, False):
+        _, step, data = made[1][on]
+        for _ in range(2):
+            step.profile(data)
+    for _ in range(profiles):
+        for on in (True, False):
+            _, step, data = made[1][on]
+            for e in step.profile(data)["traceEvents"]:
+                if e.get("ph") == "X":
+                    group = GROUPS.get(e["name"], "other")
+                    totals[on][group] = totals[on].get(group, 0.0) + e["dur"] / 1e3 / profiles
+    groups = sorted(set(totals[True]) | set(totals[False]),
+                    key=lambda g: -totals[False].get(g, 0.0))
+    rows = [[g, totals[False].get(g, 0.0), totals[True].get(g, 0.0)] for g in groups]
+    rows.append(["sum", sum(totals[False].values()), sum(totals[True].values())])
+    return rows
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--profiles", type=int, default=5)
+    args = ap.parse_args(argv)
+    rows, made = step_rows(args.repeat)
+    text = table(f"CNN step, epilogues stage on vs off (median and min of {args.repeat}, "
+                 f"interleaved)", ["devices", "epilogues", "median ms", "min ms",
+                                   "vs off (median)"], rows)
+    print(text)
+    prof = profile_rows(made, args.profiles)
+    prof_text = table(f"one-device step per op group, ms (mean of {args.profiles} profiled "
+                      f"steps)", ["op group", "off", "on"], prof)
+    fused = [line.strip() for line in made[1][True][1].replicated_graph.summary().splitlines()
+             if line.startswith("  ") and ": " in line and " x" in line]
+    print("fused nodes of the one-device step: " + "; ".join(fused))
+    save("epilogue", {"steps": [dict(zip(("devices", "epilogues", "median_ms", "min_ms",
+                                          "vs_off"), r)) for r in rows],
+                      "profile": [dict(zip(("group", "off_ms", "on_ms"), r)) for r in prof],
+                      "table": text + "\n\n" + prof_text})
+    return {"steps": rows, "profile": prof}
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
