@@ -407,3 +407,17 @@ def test_casts_between_floats_fuse_with_their_neighbours(monkeypatch):
     for a, w in zip(got, want):
         np.testing.assert_array_equal(a, w)
     np.testing.assert_array_equal(got[0], (x64 * 2 + 1).astype(np.float32) * y)
+
+
+def test_a_cluster_that_saves_too_few_bytes_stays_unfused():
+    """t = x * y and -t, both returned: fused it would move 4 arrays' bytes of the members'
+    5, above MAX_TRAFFIC; t + x returned alone moves 3 of 6 and fuses."""
+    from graphdist.passes.fuse_elementwise import MAX_TRAFFIC
+
+    x, y, _, _ = inputs(np.float32)
+    both = gd.function(lambda x, y: (x * y, -(x * y)))
+    both(x, y)
+    assert 4 / 5 > MAX_TRAFFIC and not fused_nodes(both.replicated_graph)
+    one = gd.function(lambda x, y: x * y + x)
+    np.testing.assert_array_equal(one(x, y), x * y + x)
+    assert 3 / 6 <= MAX_TRAFFIC and fused_nodes(one.replicated_graph)
