@@ -364,3 +364,27 @@ def test_only_host_devices_fold():
     assert fold_epilogues(placed) is not placed
     on_gpu = replace(placed, eqns=tuple(replace(e, device="gpu:0") for e in placed.eqns))
     assert fold_epilogues(on_gpu) is on_gpu
+
+
+def test_the_small_filter_gradient_runs_its_kernel(monkeypatch):
+    """dw is 1 KiB, its inputs whole activations: the program runs the registered kernel
+    (runtime/buffers.py: a small value from big inputs), not the op's two-op impl."""
+    from graphdist.runtime import kernel_table
+
+    key, calls = ("cpu", "max_pool_conv_filter_grad"), []
+    kernel = kernel_table.ENTRIES[key].out
+    monkeypatch.setitem(kernel_table.ENTRIES, key, kernel_table.ENTRIES[key].replace(
+        out=lambda *a, **kw: calls.append(kernel(*a, **kw))))
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((16, 28, 28, 1)).astype(np.float32)
+    w = gd.Variable((rng.standard_normal((3, 3, 1, 8)) / 3).astype(np.float32))
+
+    @gd.function
+    def step(x):
+        with gd.GradientTape() as tape:
+            h = gd.nn.max_pool2d(gd.relu(gd.nn.conv2d(x, w, 1, "VALID")), 2, 2, "VALID")
+            loss = gd.reduce_sum(h * h)
+        return tape.gradient(loss, w)
+
+    got = step(x)
+    assert len(calls) == 1 and got.shape == (3, 3, 1, 8)
