@@ -243,8 +243,9 @@ def test_a_non_finite_micro_step_skips_only_its_window():
     np.testing.assert_allclose(w.numpy(), _reference("sgd", [good])[0], rtol=2e-5, atol=2e-6)
 
 
-def test_experimental_run_steps_switches_programs_inside_the_loop():
-    strategy, w, b, opt, _ = _setup("adam", 2, 2)
+@pytest.mark.parametrize("k", [2, 3])      # k = 3: first, adding and applying programs
+def test_experimental_run_steps_switches_programs_inside_the_loop(k):
+    strategy, w, b, opt, _ = _setup("adam", 2, k)
 
     def replica_fn(x, y):
         with gd.GradientTape() as tape:
@@ -255,10 +256,10 @@ def test_experimental_run_steps_switches_programs_inside_the_loop():
     def fn(ctx, x, y):
         ctx.set_last_step_output("loss", strategy.run(replica_fn, args=(x, y)), "mean")
 
-    windows = [_batches(2, 8) for _ in range(2)]
+    windows = [_batches(k, 8) for _ in range(2)]
     batches = [_split(strategy, 2, x, y) for window in windows for x, y in window]
-    ctx = strategy.experimental_run_steps(fn, iter(batches), steps=4)
-    assert ctx.steps_run == 4 and int(opt.iterations.numpy()) == 2
+    ctx = strategy.experimental_run_steps(fn, iter(batches), steps=2 * k)
+    assert ctx.steps_run == 2 * k and int(opt.iterations.numpy()) == 2
     ref = _reference("adam", windows)
     np.testing.assert_allclose(w.numpy(), ref[0], rtol=2e-5, atol=2e-6)
 
