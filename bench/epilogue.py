@@ -5,7 +5,10 @@ on one device and on 4 logical devices, timed interleaved in one run; then the
 one-device step's per-op profile (`Function.profile`) in both forms, grouped as the
 docs' CNN table groups TF's ops.
 
-    python -m bench.epilogue [--repeat N] [--profiles N]
+Then the GPT-2-style step (bench/gpt2.py: x @ w + b and tanh gelu on 3-D inputs) and the
+MLP (bench/mirrored_mlp.py) the same way: the stage must not slow them down.
+
+    python -m bench.epilogue [--repeat N] [--profiles N] [--models cnn gpt2 mlp]
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import numpy as np
 
 import graphdist as gd
 from bench.common import interleaved, save, table
-from bench.models import make_cnn_step
-from bench.peers.common import cnn_data
+from bench.models import make_cnn_step, make_gpt2_step, make_step
+from bench.peers.common import cnn_data, data
+from bench.peers.gpt_common import gpt2_data
 from graphdist import pipeline
 
 GROUPS = {
@@ -38,14 +42,19 @@ def _strategy(replicas: int):
         gd.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
 
 
-def build(replicas: int, epilogues: bool, batch):
-    """A compiled CNN step with the epilogues stage on or off (everything else as usual)."""
+MODELS = {"cnn": (make_cnn_step, cnn_data), "gpt2": (make_gpt2_step, gpt2_data),
+          "mlp": (make_step, data)}
+
+
+def build(replicas: int, epilogues: bool, batch, make=make_cnn_step):
+    """A compiled step (`make`, default the CNN's) with the epilogues stage on or off
+    (everything else as usual)."""
     stage = pipeline.epilogues
     if not epilogues:
         pipeline.epilogues = lambda: []
     try:
         strategy = _strategy(replicas)
-        step, _ = make_cnn_step(strategy)
+        step, _ = make(strategy)
         data = batch if replicas == 1 else \
             next(iter(strategy.experimental_distribute_dataset([batch])))
         step(data)
@@ -54,16 +63,17 @@ def build(replicas: int, epilogues: bool, batch):
     return lambda: step(data), step, data
 
 
-def step_rows(repeat: int) -> tuple[list, dict]:
-    batch = cnn_data()
+def step_rows(repeat: int, model: str = "cnn") -> tuple[list, dict]:
+    make, make_data = MODELS[model]
+    batch = make_data()
     rows, made = [], {}
     for replicas in (1, 4):
-        forms = {on: build(replicas, on, batch) for on in (True, False)}
+        forms = {on: build(replicas, on, batch, make) for on in (True, False)}
         made[replicas] = forms
         t = interleaved({"on": forms[True][0], "off": forms[False][0]}, repeat,
-                        label=f"CNN x{replicas} epilogues on/off")
+                        label=f"{model} x{replicas} epilogues on/off")
         for name in ("off", "on"):
-            rows.append([f"x{replicas}" if replicas > 1 else "1 device", name,
+            rows.append([model, f"x{replicas}" if replicas > 1 else "1 device", name,
                          t[name]["median_s"] * 1e3, t[name]["min_s"] * 1e3,
                          t[name]["median_s"] / t["off"]["median_s"]])
     return rows, made
@@ -94,19 +104,27 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--profiles", type=int, default=5)
+    ap.add_argument("--models", nargs="+", default=["cnn"], choices=sorted(MODELS))
     args = ap.parse_args(argv)
-    rows, made = step_rows(args.repeat)
-    text = table(f"CNN step, epilogues stage on vs off (median and min of {args.repeat}, "
-                 f"interleaved)", ["devices", "epilogues", "median ms", "min ms",
+    rows, made = [], None
+    for model in args.models:
+        more, built = step_rows(args.repeat, model)
+        rows += more
+        made = built if model == "cnn" else made
+    text = table(f"steps, epilogues stage on vs off (median and min of {args.repeat}, "
+                 f"interleaved)", ["model", "devices", "epilogues", "median ms", "min ms",
                                    "vs off (median)"], rows)
     print(text)
+    if made is None:
+        save("epilogue", {"steps": rows, "table": text})
+        return {"steps": rows}
     prof = profile_rows(made, args.profiles)
     prof_text = table(f"one-device step per op group, ms (mean of {args.profiles} profiled "
                       f"steps)", ["op group", "off", "on"], prof)
     fused = [line.strip() for line in made[1][True][1].replicated_graph.summary().splitlines()
              if line.startswith("  ") and ": " in line and " x" in line]
     print("fused nodes of the one-device step: " + "; ".join(fused))
-    save("epilogue", {"steps": [dict(zip(("devices", "epilogues", "median_ms", "min_ms",
+    save("epilogue", {"steps": [dict(zip(("model", "devices", "epilogues", "median_ms", "min_ms",
                                           "vs_off"), r)) for r in rows],
                       "profile": [dict(zip(("group", "off_ms", "on_ms"), r)) for r in prof],
                       "table": text + "\n\n" + prof_text})
