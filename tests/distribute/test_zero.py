@@ -519,3 +519,19 @@ def test_one_device_per_worker_reduce_scatters_and_gathers_into_the_steps_buffer
         out.pop("ops"))
     assert impl.pop("ops") == ["mpi_all_gather", "mpi_reduce_scatter"]
     assert out == impl
+
+
+def test_gather_writes_a_replica_s_chunk_into_a_planned_buffer():
+    """Each replica's chunk of a parameter is gather(rows, replica_id) with a 0-d index;
+    its out= form (into an arena buffer the in-place update then takes over) gives the
+    impl's values and refuses an index out of range as the impl does."""
+    from graphdist.ops.sparse import gather_p
+
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for index, shape in ((np.int32(2), (4,)), (np.array([0, 2], np.int32), (2, 4))):
+        out = np.empty(shape, np.float32)
+        gather_p.out_impl(np, out, rows, index)
+        np.testing.assert_array_equal(out, gather_p.impl(np, rows, index))
+        np.testing.assert_array_equal(out, rows[index])
+    with pytest.raises(IndexError, match="gather: index 3 is out of range for 3 rows"):
+        gather_p.out_impl(np, np.empty(4, np.float32), rows, np.int32(3))
