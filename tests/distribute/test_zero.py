@@ -535,3 +535,13 @@ def test_gather_writes_a_replica_s_chunk_into_a_planned_buffer():
         np.testing.assert_array_equal(out, rows[index])
     with pytest.raises(IndexError, match="gather: index 3 is out of range for 3 rows"):
         gather_p.out_impl(np, np.empty(4, np.float32), rows, np.int32(3))
+
+
+def test_the_simulator_knows_the_fused_node_s_lowering():
+    # gd.simulate tells the lowering a step ran with by the fused nodes it made: a stage-1
+    # step with nothing else collective is the host lowering's
+    from graphdist.simulate.predict import _lowering_of
+
+    run = Run(1, "adam", 4).train(DATA[:1])
+    assert {e.op.name for e in run.step.replicated_graph.eqns if e.op.collective} == {FUSED}
+    assert _lowering_of(run.step) == "host"

@@ -217,7 +217,7 @@ class Host(Lowering):
     splits_to_overlap = True
     one_process_only = True
     fused_nodes = ("host_all_reduce", "host_reduce_update", "host_reduce_scatter",
-                   "host_all_gather")
+                   "host_all_gather", "host_reduce_scatter_update_all_gather")
 
     @staticmethod
     def _require(devices) -> None:
