@@ -11,15 +11,18 @@ Side by side in one run:
 2. The GPT-2-style step: graphdist on 1 device and on 4 logical CPU devices, with the tanh
    form on its kernels (after) and on the op's reference (before, the entry swapped for the
    run), the same model with its dense layers reshaped to 2-D GEMMs by hand (as gd.nn.Dense
-   does), bench/gpt.py's GPT (exact GELU, vocabulary 103) on 1 device, graphdist's 4-replica
-   step in its own process (first call; and on an empty Numba cache); then the peers, each
+   does), bench/gpt.py's GPT (exact GELU, vocabulary 103) on 1 device, graphdist's 1-device
+   and 4-replica steps in fresh processes (first call; 4 replicas also on an empty Numba
+   cache); then the peers, each
    in its own process of the benchmark environment's Python (bench/peers/*_gpt2.py): JAX jit,
    TF tf.function and PyTorch eager on 1 device, JAX pmap and TF MirroredStrategy on 4. All
    start from the same weights and batch: their losses after one and three steps must agree
    with graphdist's to float32 rounding (the table's last column), and their parameter
    counts are their own variables'. A peer that is not installed gets a row saying so.
 3. The one-device step per op group: graphdist's profile next to PyTorch's.
-Target: graphdist at most the best peer's time on 1 device and on 4 replicas.
+Target: graphdist at most the best peer's time on 1 device and on 4 replicas: the table's
+footer sets graphdist's fresh-process rows (as the peers run) and its interleaved rows
+against the fastest peer at each device count.
 
 The run drops the environment's OpenBLAS pin (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE) by
 running itself again without it, as on a user's machine, and says so; the peers start
@@ -36,8 +39,8 @@ import sys
 import numpy as np
 
 import graphdist as gd
-from bench.common import (interleaved, peer_python, run_peer, run_peer_rows, run_peers, save,
-                          table, unpinned_rerun, versus_best_peer, versus_text)
+from bench.common import (interleaved, own_process_rows, peer_python, run_peer, run_peer_rows,
+                          save, table, unpinned_rerun, versus_best_peer, versus_text)
 from bench.gpt import op_groups_table, op_profile
 from bench.models import make_gpt2_step, make_gpt_step
 from bench.peers.gpt_common import GPT2_MODEL, gpt2_data, gpt2_init, gpt_data, parameter_count
@@ -200,7 +203,7 @@ def steps_table(entry: dict, repeat: int) -> str:
                  f"{verdict})",
                  ["contender", "median ms", "min ms", "vs graphdist 1 dev", "first call s",
                   "parameters", "loss 1", "loss 3", "loss rel diff"], rows)
-    versus = versus_text(versus_best_peer(entry, {1: ONE, 4: DEFAULT}))
+    versus = versus_text(versus_best_peer(entry))
     if versus:
         print(versus + "\n")
     return text + ("\n" + versus if versus else "")
@@ -218,7 +221,7 @@ def main(argv=None) -> dict:
     t = graphdist_part(args.repeat)
     base = t[ONE]["median_s"]
     entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
-    entry.update(run_peers("bench.peers.graphdist_gpt2", [], base))
+    entry.update(own_process_rows("bench.peers.graphdist_gpt2", base))
     entry.update(run_peer_rows(PEERS, base, args.no_peers))
     steps_text = steps_table(entry, args.repeat)
     groups, ops = op_profile(make=make_gpt2_step, data=gpt2_data)
@@ -227,7 +230,7 @@ def main(argv=None) -> dict:
     theirs = torch["ops_s"] if torch else {}
     ops_text = op_groups_table(groups, ops, theirs)
     save("gpt2", {"model": GPT2_MODEL.name, "gelu": gelu, "results": entry,
-                  "versus_best_peer": versus_best_peer(entry, {1: ONE, 4: DEFAULT}),
+                  "versus_best_peer": versus_best_peer(entry),
                   "ops_ms": ops,
                   "op_groups_ms": groups,
                   "torch_op_groups_ms": {k: v * 1e3 for k, v in theirs.items()},

@@ -92,7 +92,7 @@ def test_a_run_without_peers_saves_its_table_json_and_plot(tmp_path, monkeypatch
     monkeypatch.setattr(gpt2, "SHAPE", (4, 8))
     monkeypatch.setattr(gpt2, "graphdist_part", lambda repeat: {
         gpt2.ONE: {**TIMING, "losses": LOSSES}, gpt2.DEFAULT: {**TIMING, "losses": LOSSES}})
-    monkeypatch.setattr(gpt2, "run_peers", lambda *args, **kwargs: {})
+    monkeypatch.setattr(gpt2, "own_process_rows", lambda *args: {})
     monkeypatch.setattr(gpt2, "op_profile", lambda **kwargs: ({"matmul/einsum": 20.0},
                                                               {"matmul": 20.0}))
     monkeypatch.setenv("BENCH_OUT", str(tmp_path))
@@ -128,16 +128,22 @@ def test_the_targets_compare_graphdist_with_the_fastest_peer_at_each_device_coun
         return {"median_s": median, "min_s": low, **({"devices": devices} if devices else {})}
 
     entry = {gpt2.ONE: row(0.030, 0.027), gpt2.DEFAULT: row(0.040, 0.036),
-             "graphdist Mirrored x4 (own process)": row(0.010, 0.009, 4),   # not a peer
+             "graphdist 1 device (own process)": row(0.020, 0.019, 1),      # not a peer
+             "graphdist Mirrored x4 (own process)": row(0.010, 0.009, 4),
              "JAX jit": row(0.050, 0.045, 1), "TF tf.function": row(0.025, 0.018, 1),
              "JAX pmap x4": row(0.036, 0.030, 4), "tf_gpt2 --devices 4": {"status": "x"}}
-    targets = common.versus_best_peer(entry, {1: gpt2.ONE, 4: gpt2.DEFAULT})
-    assert targets[1]["best_peer"] == "TF tf.function"
-    assert targets[1]["median_ratio"] == pytest.approx(0.030 / 0.025)
-    assert targets[1]["min_ratio"] == pytest.approx(0.027 / 0.018)
-    assert targets[4]["best_peer"] == "JAX pmap x4"
-    assert targets[4]["median_ratio"] == pytest.approx(0.040 / 0.036)
-    assert common.versus_text(targets).splitlines()[0] == (
-        "1 device: graphdist 1 device / TF tf.function = 1.20 (medians), 1.50 (mins); "
-        "target: at most 1")
-    assert common.versus_best_peer({gpt2.ONE: row(0.03, 0.03)}, {1: gpt2.ONE}) == {}
+    targets = common.versus_best_peer(entry)
+    fresh, here = targets["fresh processes"], targets["interleaved"]
+    assert fresh[1]["best_peer"] == here[1]["best_peer"] == "TF tf.function"
+    assert fresh[1]["median_ratio"] == pytest.approx(0.020 / 0.025)
+    assert here[1]["median_ratio"] == pytest.approx(0.030 / 0.025)
+    assert here[1]["min_ratio"] == pytest.approx(0.027 / 0.018)
+    assert fresh[4]["best_peer"] == here[4]["best_peer"] == "JAX pmap x4"
+    assert fresh[4]["median_ratio"] == pytest.approx(0.010 / 0.036)
+    assert here[4]["median_ratio"] == pytest.approx(0.040 / 0.036)
+    assert common.versus_text(targets).splitlines()[2] == (
+        "interleaved, 1 device: graphdist 1 device / TF tf.function = 1.20 (medians), "
+        "1.50 (mins); target: at most 1")
+    del entry["graphdist Mirrored x4 (own process)"]
+    assert 4 not in common.versus_best_peer(entry)["fresh processes"]
+    assert common.versus_best_peer({gpt2.ONE: row(0.03, 0.03)}) == {}
