@@ -7,9 +7,10 @@ stage, passes/fuse_elementwise.py, makes it; no user code binds it).
 cluster's inputs (arrays of the output's shape, bias rows broadcast along the leading axes,
 scalars), its outputs the member values read outside the cluster. So the text form, the
 HTML viewer (a group that opens), networkx and the summary show the node with its members.
-`formula` is the members' wiring as text (`t0=mul(x0,x1) t1=add(t0,x2) -> t1`): the key the
-CPU kernel is generated and cached under (runtime/adapters/fused.py), which also makes each
-cluster's kernel call distinct for the warm-up. `members` names the member ops in order (what
+`formula` is the members' wiring as text (`t0=mul(x0,x1) t1=add(t0,x2) -> t1`, printed as a
+short hash of it): the key the CPU kernel is generated and cached under
+(runtime/adapters/fused.py), which also makes each cluster's kernel call distinct for the
+warm-up. `members` names the member ops in order (what
 the summary lists for every fused node).
 
 The impl runs the members one after another on their numpy impls (the reference
@@ -17,6 +18,9 @@ interpreter); the CPU's generated kernel and its numpy twin are the runtime's.
 """
 
 from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
 
 from graphdist.errors import ShapeError
 from graphdist.ir import Var, evaluate
@@ -27,7 +31,22 @@ fused_elementwise_p = Op("fused_elementwise", num_outputs=None, differentiable=F
                          foldable=False)
 
 
-def describe(body) -> str:
+@dataclass(frozen=True)
+class Formula:
+    """A cluster's wiring as text (`describe`), compared and hashed by it. The text form
+    shows a short hash of it (nodes with the same one run the same kernel): the members
+    themselves are printed under the node."""
+
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def param_text(self) -> str:
+        return "#" + hashlib.sha1(self.text.encode()).hexdigest()[:8]
+
+
+def describe(body) -> Formula:
     """`formula`: each member as `t<k>=op[params](refs)` (x<j>: body input j, t<k>: member
     k's result, literals by value and dtype), then `-> ` the outputs. Two clusters with the
     same text compute the same function of their inputs."""
@@ -40,7 +59,7 @@ def describe(body) -> str:
         parts.append(f"t{k}={e.op}{f'[{params}]' if params else ''}({refs})")
         names[e.outputs[0]] = f"t{k}"
     outs = ",".join(names[v] if isinstance(v, Var) else str(v) for v in body.outputs)
-    return " ".join(parts) + f" -> {outs}"
+    return Formula(" ".join(parts) + f" -> {outs}")
 
 
 @fused_elementwise_p.def_shape

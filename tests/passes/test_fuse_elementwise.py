@@ -129,9 +129,10 @@ def test_a_chain_becomes_one_node_holding_its_members_in_order():
     assert len(g.eqns) == 1
     check(g)
     check(body)
-    formula = dict(node.params)["formula"]
+    formula = dict(node.params)["formula"].text
     assert formula.startswith("t0=mul(x0,2.0:float32) t1=add(t0,x1)") and formula.endswith(
         "-> t5")
+    assert f"formula={dict(node.params)['formula'].param_text()}," in str(g)
 
 
 def test_a_value_read_outside_becomes_a_second_output():
