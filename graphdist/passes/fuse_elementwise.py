@@ -49,6 +49,9 @@ MIN_BYTES = 16 * 1024
 # worth of bytes down to 4) ran 1.3-1.8x slower fused on 1 MiB values; `x * s + mask`
 # (down to half) ran 0.7-0.8x the members' time
 MAX_TRAFFIC = 0.75
+# members of one cluster at most: Numba's compile time grows with the loop body (a long
+# chain becomes several nodes)
+MAX_MEMBERS = 32
 DTYPES = (np.dtype("float32"), np.dtype("float64"), np.dtype("bool"))
 
 
@@ -136,52 +139,65 @@ def _member(eqn) -> tuple | None:
 # ---------------------------------------------------------------- clusters
 
 
+class _Cluster:
+    """Members grown so far: their eqn indices, the eqns outside reading their results,
+    the last member's index and the rows' length (0: no row input yet)."""
+
+    __slots__ = ("members", "readers", "last", "cols")
+
+    def __init__(self, i: int, readers: set, cols: int):
+        self.members, self.readers, self.last, self.cols = {i}, readers, i, cols
+
+
 def _clusters(g: Graph, users: dict) -> list:
     """Each cluster of 2+ members, as its sorted eqn indices: grown eqn by eqn in graph
-    order, each eqn joining the clusters of the members whose results it reads."""
+    order, each eqn joining the clusters of the members whose results it reads. The smaller
+    cluster merges into the larger, so a long chain costs n log n."""
     eqns = g.eqns
     info = [_member(e) for e in eqns]
     producer = {v: i for i, e in enumerate(eqns) for v in e.outputs}
-    cluster_of: dict = {}          # eqn index -> cluster id
-    members: dict = {}             # cluster id -> set of eqn indices
-    cols: dict = {}                # cluster id -> its rows' length (0: none yet)
+    cluster_of: dict = {}          # eqn index -> its _Cluster
     for i, e in enumerate(eqns):
         if info[i] is None:
             continue
-        cluster_of[i], members[i], cols[i] = i, {i}, info[i][1]
+        readers = {u for v in e.outputs for u in users.get(v, ())}
+        cluster_of[i] = _Cluster(i, readers, info[i][1])
         for v in e.inputs:
             p = producer.get(v) if isinstance(v, Var) else None
             if p is None or p not in cluster_of:
                 continue
             a, b = cluster_of[p], cluster_of[i]
-            if a == b or info[p][0] != info[i][0] or eqns[p].device != e.device:
+            if a is b or info[p][0] != info[i][0] or eqns[p].device != e.device:
                 continue
-            if cols[a] and cols[b] and cols[a] != cols[b]:
+            if a.cols and b.cols and a.cols != b.cols or \
+                    len(a.members) + len(b.members) > MAX_MEMBERS:
                 continue
-            merged = members[a] | members[b]
-            if _leaves_and_returns(eqns, merged, users):
+            readers = {u for u in a.readers | b.readers
+                       if u not in a.members and u not in b.members}
+            last = max(a.last, b.last)
+            if _leaves_and_returns(eqns, (a.members, b.members), readers, last, users):
                 continue
-            for k in members[a]:
+            if len(a.members) > len(b.members):
+                a, b = b, a
+            for k in a.members:
                 cluster_of[k] = b
-            members[b] = merged
-            cols[b] = cols[a] or cols[b]
-            del members[a], cols[a]
-    return [sorted(m) for m in members.values() if len(m) > 1]
+            b.members |= a.members
+            b.readers, b.last, b.cols = readers, last, b.cols or a.cols
+    clusters = {id(c): c for c in cluster_of.values()}.values()
+    return [sorted(c.members) for c in clusters if len(c.members) > 1]
 
 
-def _leaves_and_returns(eqns, merged: set, users: dict) -> bool:
-    """Whether some path leaves `merged` and comes back into it (fusing it would make a
-    cycle): a search forward from the non-members reading a member's result, through
-    eqns before the cluster's last member."""
-    last = max(merged)
-    stack = [u for k in merged for v in eqns[k].outputs for u in users.get(v, ())
-             if u not in merged and u < last]
+def _leaves_and_returns(eqns, parts: tuple, readers: set, last: int, users: dict) -> bool:
+    """Whether some path leaves the union of `parts` and comes back into it (fusing it
+    would make a cycle): a search forward from the eqns outside reading a member's result
+    (`readers`), through eqns before the last member."""
+    stack = [u for u in readers if u < last]
     seen = set(stack)
     while stack:
         k = stack.pop()
         for v in eqns[k].outputs:
             for u in users.get(v, ()):
-                if u in merged:
+                if any(u in part for part in parts):
                     return True
                 if u < last and u not in seen:
                     seen.add(u)

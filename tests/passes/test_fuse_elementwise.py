@@ -422,3 +422,22 @@ def test_a_cluster_that_saves_too_few_bytes_stays_unfused():
     one = gd.function(lambda x, y: x * y + x)
     np.testing.assert_array_equal(one(x, y), x * y + x)
     assert 3 / 6 <= MAX_TRAFFIC and fused_nodes(one.replicated_graph)
+
+
+def test_a_long_chain_becomes_nodes_of_at_most_max_members():
+    from graphdist.passes.fuse_elementwise import MAX_MEMBERS
+
+    def fn(x, y):
+        for _ in range(40):
+            x = x * 0.999 + y
+        return x
+
+    x, y, _, _ = inputs(np.float32, seed=8)
+    f = gd.function(fn)
+    got = f(x, y)
+    sizes = [len(dict(e.params)["members"]) for e in fused_nodes(f.replicated_graph)]
+    assert sum(sizes) == 80 and max(sizes) <= MAX_MEMBERS and len(sizes) == -(-80 // MAX_MEMBERS)
+    want = x
+    for _ in range(40):
+        want = want * np.float32(0.999) + y
+    np.testing.assert_array_equal(got, want)
