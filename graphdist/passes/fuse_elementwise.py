@@ -17,10 +17,11 @@ unfused one's bits.
 
 A member's result read outside its cluster (by another eqn, or returned) becomes one more
 output of the fused node, never a reason to stop; a merge that would make a path leave the
-cluster and come back into it (a cycle once fused) is refused. A cluster whose node would
-still move more than MAX_TRAFFIC of its members' bytes stays unfused. Never fused: collectives,
-state ops, views, control-flow nodes (their bodies are left as they are), ops on another
-device. Nothing fuses: the input graph itself comes back.
+cluster and come back into it (a cycle once fused) is refused, and so is one past
+MAX_MEMBERS. A cluster whose node would still move more than MAX_TRAFFIC of its members'
+bytes stays unfused. Never fused: collectives, state ops, views, control-flow nodes (their
+bodies are left as they are), ops on another device. Nothing fuses: the input graph itself
+comes back.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ DTYPES = (np.dtype("float32"), np.dtype("float64"), np.dtype("bool"))
 
 
 def fuse_elementwise(g: Graph) -> Graph:
+    """`g` with each cluster of 2+ elementwise eqns one fused_elementwise node, placed where
+    its last member was (eqns reading an earlier member's result wait for it)."""
     users: dict = {}
     for i, e in enumerate(g.eqns):
         for v in e.inputs:
