@@ -18,6 +18,7 @@ from graphdist.ops.fused import fused_elementwise_p
 from graphdist.ops.math import relu_grad
 from graphdist.ops.special import gelu_grad_p
 from graphdist.runtime.adapters.fused import fused_elementwise_cpu, fused_elementwise_numpy
+from graphdist.runtime import warmup
 from graphdist.runtime.adapters.registry import ENTRIES
 
 M, N = 64, 96
@@ -186,3 +187,24 @@ def test_without_a_writable_cache_folder_the_kernel_compiles_in_memory(tmp_path,
     kernel, twin = run_both(node, [x, y])
     assert_same_bits(kernel, twin)
     assert len(fk._compiled) == 1
+
+
+def test_a_strided_input_to_gelu_gives_the_unfused_program_s_bits(monkeypatch):
+    """A transposed input: `gelu(t(x))` directly (unfused, gelu's kernel refuses the
+    strided operand and the op's float64 reference runs; fused, the node runs its twin,
+    which does the same), and `gelu(t(x) * 1.0)` (the product in C order, as the unfused
+    program's buffer holds it, so gelu's rational form runs in both)."""
+    from graphdist import pipeline
+
+    x = edge_values((N, M), np.float32, 14)
+    y = edge_values((M, N), np.float32, 15)
+    for fn in (lambda x, y: gd.nn.gelu(gd.transpose(x), approximate=True) * y,
+               lambda x, y: gd.nn.gelu(gd.transpose(x) * 1.0, approximate=True) * y):
+        fused = gd.function(fn)
+        with monkeypatch.context() as m:
+            m.setattr(pipeline, "elementwise_fusion", lambda: [])
+            want = gd.function(fn)(x, y)
+        for _ in range(2):          # the first call's twin, then the kernel's path
+            np.testing.assert_array_equal(fused(x, y), want)
+            warmup.wait()
+        assert [e for e in fused.replicated_graph.eqns if e.op is fused_elementwise_p]

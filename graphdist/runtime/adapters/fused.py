@@ -92,8 +92,8 @@ def fused_elementwise_numpy(out, *ins, body, formula, members):
         if form is not None:
             value = np.empty(ty.shape, ty.dtype)
             form(value, *args, **params)
-        else:
-            value = np.asarray(e.op.impl(np, *args, **params))
+        else:       # C order, as the buffers the unfused program writes members into
+            value = np.ascontiguousarray(e.op.impl(np, *args, **params))
         env[e.outputs[0]] = value
     outs = out if isinstance(out, tuple) else (out,)
     for o, v in zip(outs, body.outputs):
@@ -104,13 +104,18 @@ def fused_elementwise_numpy(out, *ins, body, formula, members):
                  exact=True)
 def fused_elementwise_cpu(out, *ins, body, formula, members):
     """The cluster's generated loop over the flattened output(s), parallel over rows; the
-    numpy twin where the operands do not fit it (an output that is not C-contiguous)."""
+    numpy twin where the operands do not fit it (an output that is not C-contiguous, a
+    strided input of a cluster with gelu)."""
     from graphdist.kernels.fused_elementwise import run
 
     outs = out if isinstance(out, tuple) else (out,)
     ins = [np.asarray(x) for x in ins]
     plan = _plan(body, formula, ins, outs[0].shape)
-    if not plan.ok or not all(o.flags.c_contiguous for o in outs):
+    # gelu's own kernel takes C-contiguous operands only (else the op's float64 reference
+    # runs): with a strided input the twin gives the unfused program's bits
+    strided = any(not x.flags.c_contiguous for x in ins) and any(
+        m in ("gelu", "gelu_grad") for m in members)
+    if strided or not plan.ok or not all(o.flags.c_contiguous for o in outs):
         fused_elementwise_numpy(out, *ins, body=body, formula=formula, members=members)
         return
     run(plan.source, plan.kinds, plan.cols, [_flat_input(x) for x in ins], plan.literals,
