@@ -42,7 +42,7 @@ def fuse_sharded_update(g: Graph) -> Graph:
     than 16 replicas x members)."""
     if not any(e.op is host_reduce_scatter_p for e in g.eqns):
         return g
-    g = _split_updates_by_bucket(g, host_reduce_scatter_p)
+    given, g = g, _split_updates_by_bucket(g, host_reduce_scatter_p)
     index = _Index(g)
     replaced: dict = {}
     maybe_dead: set = set()
@@ -57,7 +57,7 @@ def fuse_sharded_update(g: Graph) -> Graph:
         replaced[anchor] = nodes          # where the reduce-scatter was: the buckets die early
         maybe_dead |= chains
     if not replaced:
-        return g
+        return given                  # not even the updates cut per bucket
     eqns = []
     for i, e in enumerate(g.eqns):
         new = replaced.get(i, e)
@@ -95,8 +95,8 @@ class _Index:
 
 def _bucket(index: _Index, rs: int):
     """(the fused nodes, the eqns they replace, the index they take, eqns that may be dead
-    after) for the
-    reduce-scatter at `rs`, or None where the bucket is not the shape zero.py emits."""
+    after) for the reduce-scatter at `rs`, or None where the bucket is not the shape
+    zero.py emits."""
     g = index.g
     scatter = g.eqns[rs]
     replicas = len(scatter.outputs)

@@ -545,3 +545,16 @@ def test_the_simulator_knows_the_fused_node_s_lowering():
     run = Run(1, "adam", 4).train(DATA[:1])
     assert {e.op.name for e in run.step.replicated_graph.eqns if e.op.collective} == {FUSED}
     assert _lowering_of(run.step) == "host"
+
+
+def test_a_bucket_left_apart_leaves_the_graph_as_it_was():
+    # LossScaleOptimizer reads the reduced shards: nothing to fuse, and the pass hands back
+    # its input (the updates not even cut per bucket)
+    from graphdist.passes.fuse_zero import fuse_sharded_update
+
+    run = Run(1, "adam", 4, loss_scale=True)
+    run.strategy.bucket_bytes = 16            # w and b in buckets of their own
+    run.train(DATA[:1])
+    before = run.step.stages["fuse_reduce_update"]
+    assert sum(e.op.name == "host_reduce_scatter" for e in before.eqns) == 2
+    assert fuse_sharded_update(before) is before
