@@ -117,8 +117,10 @@ def _conv2d_out(xp, out, x, f, *, strides, padding, dilations):
 # patches and output together take at most this many bytes, so the bias add and relu run on
 # a block still in cache instead of as two more passes over the whole activation (22 MB for
 # the tutorial's first layer at batch 256). bench/conv2d.py: with the Numba epilogue 2.1x
-# the three ops there (2.5 against 5.3 ms).
-EPILOGUE_BYTES = 4 << 20
+# the three ops there (2.5 against 5.3 ms). 3 MiB rather than 4: the second layer's fused
+# forward (256, 13, 13, 32) -> 64, min of 30 interleaved, twice: 4.72 / 4.89 ms in 3 MiB
+# blocks, 4.89 / 5.07 in 2, 5.13 / 5.38 in 1, 5.36 / 5.56 in 4; the first layer level.
+EPILOGUE_BYTES = 3 << 20
 
 
 def bias_act_numpy(xp, rows, bias, relu):
