@@ -38,9 +38,11 @@ def _image_chunks(n: int, per_image: int, limit: int | None = None):
     return [slice(a, min(n, a + step)) for a in range(0, n, step)]
 
 
-def _im2col(xp, x, k_hw, strides, dilations, out_hw, pads):
+def _im2col(xp, x, k_hw, strides, dilations, out_hw, pads, buf=None):
     """x (N, H, W, C) -> patches (N*OH*OW, KH*KW*C): a strided window view copied once
-    (a transposed view of a (KH*KW*C, N*OH*OW) copy when C is small)."""
+    (a transposed view of a (KH*KW*C, N*OH*OW) copy when C is small), into the front of the
+    flat buffer `buf` when given (the blocked forms copy every block into one buffer
+    rather than allocating megabytes per block)."""
     if any(p for pair in pads for p in pair):
         x = xp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
     n, c = x.shape[0], x.shape[3]
@@ -49,9 +51,21 @@ def _im2col(xp, x, k_hw, strides, dilations, out_hw, pads):
         x, (n, *out_hw, *k_hw, c),
         (sn, sh * strides[0], sw * strides[1], sh * dilations[0], sw * dilations[1], sc))
     rows, depth = n * out_hw[0] * out_hw[1], k_hw[0] * k_hw[1] * c
-    if c < FEW_CHANNELS:
-        return xp.ascontiguousarray(win.transpose(3, 4, 5, 0, 1, 2)).reshape(depth, rows).T
-    return xp.ascontiguousarray(win).reshape(rows, depth)
+    few = c < FEW_CHANNELS
+    if few:
+        win = win.transpose(3, 4, 5, 0, 1, 2)
+    if buf is None:
+        cols = xp.ascontiguousarray(win)
+    else:
+        cols = buf[:rows * depth].reshape(win.shape)
+        xp.copyto(cols, win)
+    return cols.reshape(depth, rows).T if few else cols.reshape(rows, depth)
+
+
+def _patch_buffer(xp, parts, x, k_hw, out_hw):
+    """One flat buffer for the largest block's patches."""
+    most = max(p.stop - p.start for p in parts)
+    return xp.empty(most * out_hw[0] * out_hw[1] * k_hw[0] * k_hw[1] * x.shape[3], x.dtype)
 
 
 def conv_direct_numpy(xp, x, f, out, strides, dilations, pads, bias=None, relu=False):
@@ -108,8 +122,10 @@ def _conv2d_out(xp, out, x, f, *, strides, padding, dilations):
     out_hw, pads = window_geometry("conv2d", x.shape[1:3], f.shape[:2], strides, dilations,
                                    padding, "")
     o = f.shape[3]
-    for part in _image_chunks(x.shape[0], out_hw[0] * out_hw[1] * f[..., 0].size * x.itemsize):
-        cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads)
+    parts = _image_chunks(x.shape[0], out_hw[0] * out_hw[1] * f[..., 0].size * x.itemsize)
+    buf = _patch_buffer(xp, parts, x, f.shape[:2], out_hw)
+    for part in parts:
+        cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads, buf)
         xp.matmul(cols, f.reshape(-1, o), out=out[part].reshape(-1, o))   # (rows, O)
 
 
@@ -144,9 +160,11 @@ def conv2d_blocks(xp, out, x, f, finish, *, strides, padding, dilations) -> None
                                    padding, "")
     o = f.shape[3]
     per_image = out_hw[0] * out_hw[1] * (f[..., 0].size + o) * x.itemsize
-    for part in _image_chunks(x.shape[0], per_image, EPILOGUE_BYTES):
+    parts = _image_chunks(x.shape[0], per_image, EPILOGUE_BYTES)
+    buf = _patch_buffer(xp, parts, x, f.shape[:2], out_hw)
+    for part in parts:
         rows = out[part].reshape(-1, o)
-        cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads)
+        cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads, buf)
         xp.matmul(cols, f.reshape(-1, o), out=rows)
         finish(part, rows)
 
@@ -325,8 +343,10 @@ def _conv2d_backprop_filter_out(xp, dw, x, dy, *, filter_size, strides, padding,
     dw2 = dw.reshape(-1, o)                                        # (KH*KW*C, O)
     parts = _image_chunks(x.shape[0], out_hw[0] * out_hw[1] * dw[..., 0].size * x.itemsize)
     part_dw = xp.empty_like(dw2) if len(parts) > 1 else None
+    buf = _patch_buffer(xp, parts, x, tuple(filter_size), out_hw)
     for k, part in enumerate(parts):                # in order: a fixed sum order
-        cols = _im2col(xp, x[part], tuple(filter_size), strides, dilations, out_hw, pads)
+        cols = _im2col(xp, x[part], tuple(filter_size), strides, dilations, out_hw, pads,
+                       buf)
         xp.matmul(cols.T, dy[part].reshape(-1, o), out=part_dw if k else dw2)
         if k:
             dw2 += part_dw
