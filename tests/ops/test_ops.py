@@ -526,6 +526,7 @@ INTERNAL_TESTED_ELSEWHERE = {
     "mpi_all_reduce_start": "tests/runtime/test_overlap.py (2 MPI workers, tests/mpi/overlap.py)",
     "mpi_reduce_scatter_start": "tests/distribute/test_zero.py (2 MPI workers at zero_stage=1)",
     "collective_wait": "tests/runtime/test_overlap.py (made by the overlap stage)",
+    "nccl_all_reduce_start": "tests/gpu/test_overlap_gpu.py (the overlap stage on simulated GPUs)",
     "mpi_all_gather": "tests/distribute/test_multi_worker.py (sparse gradients across 2 workers)",
     "mpi_broadcast": "tests/distribute/test_multi_worker.py (made by the mpi lowering of broadcast)",
     "nccl_all_reduce": "tests/distribute/test_cross_device_ops.py and tests/gpu/test_backend_gpu.py",
