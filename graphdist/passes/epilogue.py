@@ -18,9 +18,6 @@ both there), with fused kernels on, on host devices (those running the CPU kerne
    mask on the pooled gradient (a quarter of the size for 2x2 windows).
 3. relu_grad(ct, y) summed by a reduce_sum over every axis but the last (the bias gradient)
    -> relu_grad_bias_sum, both in one pass; other readers of the result read it as before.
-4. conv2d_backprop_filter(x, max_pool2d_grad(a, y, dy)) whose routed gradient nothing else
-   reads (a first layer: no input gradient) -> max_pool_conv_filter_grad, which never
-   writes the routed gradient.
 
 Every fused node lists the ops it replaced in its `members` param (text IR, HTML viewer,
 g.summary()). Results are those of the unfused ops up to the GEMMs' blocking and the sums'
@@ -36,10 +33,10 @@ from graphdist.device.backends import backend_of_kind
 from graphdist.device.host import HOST_KERNELS
 from graphdist.ir import Eqn, Graph, Var
 from graphdist.ops.array import reshape_p
-from graphdist.ops.conv import conv2d_backprop_filter_p, conv2d_p
+from graphdist.ops.conv import conv2d_p
 from graphdist.ops.core import normalize_axis
 from graphdist.ops.epilogue import (GELU_FORMS, conv2d_bias_act_p, matmul_bias_act_p,
-                                    max_pool_conv_filter_grad_p, relu_grad_bias_sum_p)
+                                    relu_grad_bias_sum_p)
 from graphdist.ops.math import add_p, matmul_p, relu_grad_p, relu_p, sum_p
 from graphdist.ops.pool import max_pool2d_grad_p
 from graphdist.ops.special import gelu_grad_p, gelu_p
@@ -52,7 +49,7 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 def fold_epilogues(g: Graph) -> Graph:
     """`g` with each bias + activation folded into its matmul / conv2d, and each relu_grad
     + bias-gradient sum fused (see the module docstring); `g` itself when none applies."""
-    return _pool_into_filter_grad(_fold_backward(_relu_grad_before_pool(_fold_forward(g))))
+    return _fold_backward(_relu_grad_before_pool(_fold_forward(g)))
 
 
 # ---------------------------------------------------------------- reading the graph
@@ -305,38 +302,3 @@ def _fold_backward(g: Graph) -> Graph:
     eqns = [replaced.get(i, e) for i, e in enumerate(g.eqns)]
     return replace(g, eqns=tuple(e for e in eqns if e is not None))
 
-
-def _pool_into_filter_grad(g: Graph) -> Graph:
-    """conv2d_backprop_filter(x, max_pool2d_grad(a, y, dy)), stride-1 VALID convolution and
-    2x2 / stride-2 VALID pool, whose routed gradient nothing else reads (a first layer: its
-    input gradient is never needed) -> one max_pool_conv_filter_grad node, which adds each
-    window's patches times its gradient into dw without writing the routed gradient."""
-    uses = _Uses(g)
-    producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
-    replaced: dict = {}
-    for f, eqn in enumerate(g.eqns):
-        if eqn.op is not conv2d_backprop_filter_p or eqn.outputs[0].ty.dtype not in FLOATS \
-                or not on_host(eqn.device):
-            continue
-        conv = dict(eqn.params)
-        p = producer.get(eqn.inputs[1])
-        if conv["strides"] != (1, 1) or conv["dilations"] != (1, 1) or \
-                conv["padding"] != "VALID" or p is None or p in replaced or \
-                uses.only_reader(eqn.inputs[1]) != f:
-            continue
-        pool = g.eqns[p]
-        pp = dict(pool.params)
-        if pool.op is not max_pool2d_grad_p or pool.device != eqn.device or \
-                pp["ksize"] != (2, 2) or pp["strides"] != (2, 2) or pp["padding"] != "VALID" \
-                or not all(isinstance(v, Var) for v in pool.inputs):
-            continue
-        params = dict(conv, ksize=pp["ksize"], pool_strides=pp["strides"],
-                      pool_padding=pp["padding"], members=(pool.op.name, eqn.op.name))
-        replaced[p] = None
-        replaced[f] = Eqn(max_pool_conv_filter_grad_p, (eqn.inputs[0], *pool.inputs),
-                          eqn.outputs, tuple(sorted(params.items())), device=eqn.device,
-                          scope=eqn.scope, source=eqn.source)
-    if not replaced:
-        return g
-    eqns = [replaced.get(i, e) for i, e in enumerate(g.eqns)]
-    return replace(g, eqns=tuple(e for e in eqns if e is not None))

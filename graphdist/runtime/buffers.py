@@ -179,12 +179,8 @@ class _Planner:
         if big and out_impl is not None:
             return EqnForm("out", **forms)
         # a returned value of any size: its kernel all the same, into a fresh array (small
-        # values the program keeps run the impl: a kernel call costs ~8 us more on 8 floats),
-        # and so does a small value made from big inputs (a filter gradient from whole
-        # activations: ops/epilogue.py max_pool_conv_filter_grad), where the work counts
-        reads = sum(v.ty.nbytes for v in eqn.inputs if isinstance(v, Var))
-        if listed and not more and not op.view and (out in self.returned
-                                                    or reads >= ARENA_MIN_BYTES):
+        # values the program keeps run the impl: a kernel call costs ~8 us more on 8 floats)
+        if listed and not more and not op.view and out in self.returned:
             return EqnForm("out", **forms)
         if more and (kernel is not None or out_impl is not None and not op.elementwise
                      and (listed or all(v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs))):

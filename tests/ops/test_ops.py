@@ -536,8 +536,6 @@ INTERNAL_TESTED_ELSEWHERE = {
     "matmul_bias_act": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
     "conv2d_bias_act": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
     "relu_grad_bias_sum": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
-    "max_pool_conv_filter_grad": "tests/passes/test_epilogue.py, "
-                                 "tests/kernels/test_conv_epilogue.py",
     "cond": "tests/ops/test_control_flow.py (holds sub-graphs; gradients vs finite differences)",
     "while": "tests/ops/test_control_flow.py (holds sub-graphs; gradients vs finite differences)",
     "scan": "tests/ops/test_scan.py (holds sub-graphs; gradients vs finite differences)",

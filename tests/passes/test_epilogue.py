@@ -299,58 +299,6 @@ def test_relu_gradient_moves_before_the_pool_gradient(pool, without_epilogues):
         np.testing.assert_allclose(a, b0, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("hw,channels", [(12, 1), (13, 3)])
-def test_first_layer_filter_gradient_from_the_pooled_gradient(hw, channels,
-                                                              without_epilogues):
-    """conv (data in) + bias + relu + 2x2 max pool: the filter gradient comes straight from
-    the pooled gradient (max_pool_conv_filter_grad), the routed gradient never made; the
-    same gradients as the unfused program (odd sizes: the pool skips a last row)."""
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((5, hw, hw, channels)).astype(np.float32)
-    _, w, b = _params("conv", channels, True, seed=8)
-    po = (hw - 2) // 2
-    t = rng.standard_normal((5, po, po, 8)).astype(np.float32)
-
-    def run():
-        vs = [gd.Variable(a, name=n) for a, n in zip((w, b), "wb")]
-
-        @gd.function
-        def step(x, t):
-            with gd.GradientTape() as tape:
-                h = gd.nn.max_pool2d(_conv_layer(x, vs[0], vs[1], "relu"), 2, 2, "VALID")
-                loss = gd.reduce_sum(h * t)
-            return loss, tape.gradient(loss, vs)
-
-        return step(x, t), _ops(step.replicated_graph)
-
-    (l1, g1), ops = run()
-    without_epilogues()
-    (l0, g0), plain = run()
-    assert "max_pool_conv_filter_grad" in ops
-    assert "conv2d_backprop_filter" not in ops and "max_pool2d_grad" not in ops
-    assert "max_pool_conv_filter_grad" not in plain
-    np.testing.assert_allclose(l1, l0, rtol=1e-6)
-    for a, b0 in zip(g1, g0):
-        np.testing.assert_allclose(a, b0, rtol=1e-5, atol=1e-4)
-
-
-def test_filter_gradient_not_folded_when_the_input_gradient_reads_the_routed_one():
-    arrays = _params("conv", 3, True)
-    vs = [gd.Variable(a, name=n) for a, n in zip(arrays, "xwb")]
-
-    @gd.function
-    def step(t):
-        with gd.GradientTape() as tape:
-            h = gd.nn.max_pool2d(_conv_layer(vs[0], vs[1], vs[2], "relu"), 2, 2, "VALID")
-            loss = gd.reduce_sum(h * t)
-        return tape.gradient(loss, vs)
-
-    step(np.ones((4, 4, 4, 8), np.float32))
-    ops = _ops(step.replicated_graph)
-    assert "max_pool_conv_filter_grad" not in ops
-    assert {"max_pool2d_grad", "conv2d_backprop_filter", "conv2d_backprop_input"} <= set(ops)
-
-
 def test_only_host_devices_fold():
     """The fused forms' fast paths are CPU kernels: eqns placed on a GPU keep their ops."""
     from dataclasses import replace
@@ -365,26 +313,3 @@ def test_only_host_devices_fold():
     on_gpu = replace(placed, eqns=tuple(replace(e, device="gpu:0") for e in placed.eqns))
     assert fold_epilogues(on_gpu) is on_gpu
 
-
-def test_the_small_filter_gradient_runs_its_kernel(monkeypatch):
-    """dw is 1 KiB, its inputs whole activations: the program runs the registered kernel
-    (runtime/buffers.py: a small value from big inputs), not the op's two-op impl."""
-    from graphdist.runtime import kernel_table
-
-    key, calls = ("cpu", "max_pool_conv_filter_grad"), []
-    kernel = kernel_table.ENTRIES[key].out
-    monkeypatch.setitem(kernel_table.ENTRIES, key, kernel_table.ENTRIES[key].replace(
-        out=lambda *a, **kw: calls.append(kernel(*a, **kw))))
-    rng = np.random.default_rng(9)
-    x = rng.standard_normal((16, 28, 28, 1)).astype(np.float32)
-    w = gd.Variable((rng.standard_normal((3, 3, 1, 8)) / 3).astype(np.float32))
-
-    @gd.function
-    def step(x):
-        with gd.GradientTape() as tape:
-            h = gd.nn.max_pool2d(gd.relu(gd.nn.conv2d(x, w, 1, "VALID")), 2, 2, "VALID")
-            loss = gd.reduce_sum(h * h)
-        return tape.gradient(loss, w)
-
-    got = step(x)
-    assert len(calls) == 1 and got.shape == (3, 3, 1, 8)

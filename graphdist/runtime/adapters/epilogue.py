@@ -72,15 +72,3 @@ for _op, _runner in (("matmul_bias_act", "matmul_bias_act_out"),
     _kernel, _twin = _adapters(_op, _runner)
     register_kernel(_op, kind="cpu", out=True, numpy=_twin, exact=True)(_kernel)
 
-
-# not exact: the kernel adds each window's patches into dw image block by image block, not
-# in the GEMM's order; it loads before a program's first call
-@register_kernel("max_pool_conv_filter_grad", kind="cpu", out=True)
-def max_pool_conv_filter_grad_cpu(dw, x, a, y, g, **params):
-    """The pool's routing and the filter gradient in one pass (kernels/epilogue.py); the op's
-    two-op form for operands the kernel refuses."""
-    from graphdist.kernels.epilogue import pool_grad_filter_grad_cpu
-    from graphdist.ops.epilogue import POOL_FILTER_IMAGES, max_pool_conv_filter_grad_out
-
-    if not pool_grad_filter_grad_cpu(dw, x, a, y, g, POOL_FILTER_IMAGES):
-        max_pool_conv_filter_grad_out(np, dw, x, a, y, g, **params)
