@@ -69,15 +69,15 @@ def _fused_shape(base: ArrayType, bias, act: str, keep: bool, name: str):
     if act not in ACTIVATIONS:
         raise ValueError(f"{name}: act must be one of {ACTIVATIONS}, got {act!r}")
     if bias is not None and (bias.shape != base.shape[-1:] or bias.dtype != base.dtype):
-        raise ShapeError(f"{name}: the bias must be {base.dtype}[{base.shape[-1]}] (one per "
-                         f"output channel), got bias:{bias}")
+        raise ShapeError(f"{name}: the bias must be {ArrayType(base.shape[-1:], base.dtype)} "
+                         f"(one per output channel), got bias:{bias}")
     if keep and act not in GELU_FORMS:
         raise ValueError(f"{name}: keep=True (the pre-activation as an output too) is for "
                          f"gelu, whose gradient reads it; got act={act!r}")
     return (base, base) if keep else (base,)
 
 
-def _check_members(name: str, bias: bool, n_inputs: int, n_base: int) -> None:
+def _check_inputs(name: str, bias: bool, n_inputs: int, n_base: int) -> None:
     if n_inputs != n_base + int(bias):
         raise ShapeError(f"{name}: expected {n_base + int(bias)} inputs "
                          f"({'with' if bias else 'without'} a bias), got {n_inputs}")
@@ -95,7 +95,7 @@ matmul_bias_act_p = Op("matmul_bias_act", num_outputs=None, cost_kind="matmul",
 
 @matmul_bias_act_p.def_shape
 def _matmul_bias_act_shape(x, w, *bias, act, has_bias, keep, members):
-    _check_members("matmul_bias_act", has_bias, 2 + len(bias), 2)
+    _check_inputs("matmul_bias_act", has_bias, 2 + len(bias), 2)
     same_dtype("matmul_bias_act", x, w, names=("x", "w"))
     if x.ndim < 2 or w.ndim != 2 or x.shape[-1] != w.shape[0]:
         raise ShapeError(f"matmul_bias_act: needs x (..., K) @ w (K, O), got x:{x} @ w:{w}")
@@ -154,7 +154,7 @@ conv2d_bias_act_p = Op("conv2d_bias_act", num_outputs=None, cost_kind="matmul",
 @conv2d_bias_act_p.def_shape
 def _conv2d_bias_act_shape(x, f, *bias, strides, padding, dilations, act, has_bias, keep,
                            members):
-    _check_members("conv2d_bias_act", has_bias, 2 + len(bias), 2)
+    _check_inputs("conv2d_bias_act", has_bias, 2 + len(bias), 2)
     out = _conv2d_shape(x, f, strides=strides, padding=padding, dilations=dilations)
     return _fused_shape(out, bias[0] if bias else None, act, keep, "conv2d_bias_act")
 

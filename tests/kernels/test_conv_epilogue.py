@@ -174,3 +174,27 @@ def test_max_pool_grad_2x2_kernel_bits(shape, padding):
     np.testing.assert_array_equal(got, ref)
     assert got[0, 0, 0, 0] == dy[0, 0, 0, 0] and got[0, 0, 1, 0] == 0 == got[0, 1, 0, 0]
 
+
+
+def test_fused_ops_reject_bad_operands_naming_them():
+    from graphdist.errors import ShapeError
+    from graphdist.ir.types import ArrayType
+
+    F32 = np.dtype(np.float32)
+    x, w = ArrayType((6, 20), F32), ArrayType((20, 8), F32)
+    base = dict(act="relu", has_bias=True, keep=False, members=("matmul", "add", "relu"))
+    with pytest.raises(ShapeError,
+                       match=r"matmul_bias_act: the bias must be f32\[8\].*got bias:f32\[6\]"):
+        matmul_bias_act_p.out_types(x, w, ArrayType((6,), F32), **base)
+    with pytest.raises(ShapeError, match="matmul_bias_act: expected 3 inputs"):
+        matmul_bias_act_p.out_types(x, w, **base)
+    with pytest.raises(ValueError, match="act must be one of"):
+        matmul_bias_act_p.out_types(x, w, ArrayType((8,), F32), **dict(base, act="elu"))
+    with pytest.raises(ValueError, match="keep=True .* is for gelu"):
+        conv2d_bias_act_p.out_types(ArrayType((2, 5, 5, 1), F32),
+                                    ArrayType((3, 3, 1, 4), F32),
+                                    **dict(P, act="relu", has_bias=False, keep=True,
+                                           members=("conv2d", "relu")))
+    with pytest.raises(ShapeError, match="relu_grad"):
+        relu_grad_bias_sum_p.out_types(ArrayType((4, 3), F32),
+                                       ArrayType((4, 2), F32), members=())
