@@ -178,7 +178,8 @@ def _clusters(g: Graph, users: dict) -> list:
             readers = {u for u in a.readers | b.readers
                        if u not in a.members and u not in b.members}
             last = max(a.last, b.last)
-            if _leaves_and_returns(eqns, (a.members, b.members), readers, last, users):
+            if _leaves_and_returns(eqns, (a.members, b.members), readers, last, users,
+                                   cluster_of):
                 continue
             if len(a.members) > len(b.members):
                 a, b = b, a
@@ -190,21 +191,31 @@ def _clusters(g: Graph, users: dict) -> list:
     return [sorted(c.members) for c in clusters if len(c.members) > 1]
 
 
-def _leaves_and_returns(eqns, parts: tuple, readers: set, last: int, users: dict) -> bool:
+def _leaves_and_returns(eqns, parts: tuple, readers: set, last: int, users: dict,
+                        cluster_of: dict) -> bool:
     """Whether some path leaves the union of `parts` and comes back into it (fusing it
     would make a cycle): a search forward from the eqns outside reading a member's result
-    (`readers`), through eqns before the last member."""
+    (`readers`), through eqns before the last member. Another cluster on the way counts as
+    the one node it becomes: the search goes on from all of its members' results (two
+    clusters each reading the other's result would wait on each other)."""
     stack = [u for u in readers if u < last]
     seen = set(stack)
+    expanded: set = set()
     while stack:
         k = stack.pop()
-        for v in eqns[k].outputs:
-            for u in users.get(v, ()):
-                if any(u in part for part in parts):
-                    return True
-                if u < last and u not in seen:
-                    seen.add(u)
-                    stack.append(u)
+        sources = [k]
+        other = cluster_of.get(k)
+        if other is not None and id(other) not in expanded:
+            expanded.add(id(other))
+            sources = [j for j in other.members if j < last or j == k]
+        for j in sources:
+            for v in eqns[j].outputs:
+                for u in users.get(v, ()):
+                    if any(u in part for part in parts):
+                        return True
+                    if u < last and u not in seen:
+                        seen.add(u)
+                        stack.append(u)
     return False
 
 

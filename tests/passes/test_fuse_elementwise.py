@@ -441,3 +441,37 @@ def test_a_long_chain_becomes_nodes_of_at_most_max_members():
     for _ in range(40):
         want = want * np.float32(0.999) + y
     np.testing.assert_array_equal(got, want)
+
+
+def test_two_clusters_that_would_wait_on_each_other_are_not_both_made():
+    """a1 -> a2 -> a3 on cpu:0 and c1 -> c2 -> c3 on cpu:1, each reading the other's first value
+    through a copy: fused both ways, A's node would need C's and C's A's. The second
+    merge (c1 with c2) is refused, seeing the first cluster as the one node it becomes (the
+    hierarchical all-reduce lowering built such a graph)."""
+    from graphdist.ir import Eqn, Graph, Lit, Var, evaluate
+    from graphdist.ir.types import ArrayType
+    from graphdist.ops.collectives import copy_p
+    from graphdist.ops.math import add_p, mul_p
+
+    ty = ArrayType((M, N), np.dtype("float32"))
+    two = Lit(np.float32(2.0), ArrayType((), np.dtype("float32")))
+    x0, y1 = Var(ty, "x", "cpu:0"), Var(ty, "y", "cpu:1")
+    a1, c1, a2, c2, a3, c3 = (Var(ty, n, d) for n, d in (
+        ("a1", "cpu:0"), ("c1", "cpu:1"), ("a2", "cpu:0"), ("c2", "cpu:1"), ("a3", "cpu:0"),
+        ("c3", "cpu:1")))
+    to1, to0 = Var(ty, "to1", "cpu:1"), Var(ty, "to0", "cpu:0")
+    eqns = (Eqn(mul_p, (x0, two), (a1,), device="cpu:0"),
+            Eqn(mul_p, (y1, two), (c1,), device="cpu:1"),
+            Eqn(copy_p, (a1,), (to1,), (("device", "cpu:1"),), device="cpu:1"),
+            Eqn(copy_p, (c1,), (to0,), (("device", "cpu:0"),), device="cpu:0"),
+            Eqn(add_p, (a1, to0), (a2,), device="cpu:0"),
+            Eqn(add_p, (c1, to1), (c2,), device="cpu:1"),
+            Eqn(mul_p, (a2, two), (a3,), device="cpu:0"),
+            Eqn(mul_p, (c2, two), (c3,), device="cpu:1"))
+    g = check(Graph((x0, y1), eqns, (a3, c3), devices=("cpu:0", "cpu:1")))
+    fused = check(fuse_elementwise(g))
+    members = sorted(dict(e.params)["members"] for e in fused_nodes(fused))
+    assert members == [("add", "mul"), ("mul", "add", "mul")]     # c1 stays out
+    x, y = inputs(np.float32)[:2]
+    for a, b in zip(evaluate(fused, x, y), evaluate(g, x, y)):
+        np.testing.assert_array_equal(a, b)
