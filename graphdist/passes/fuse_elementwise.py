@@ -195,27 +195,32 @@ def _leaves_and_returns(eqns, parts: tuple, readers: set, last: int, users: dict
                         cluster_of: dict) -> bool:
     """Whether some path leaves the union of `parts` and comes back into it (fusing it
     would make a cycle): a search forward from the eqns outside reading a member's result
-    (`readers`), through eqns before the last member. Another cluster on the way counts as
-    the one node it becomes: the search goes on from all of its members' results (two
-    clusters each reading the other's result would wait on each other)."""
-    stack = [u for u in readers if u < last]
-    seen = set(stack)
-    expanded: set = set()
+    (`readers`). Another cluster on the way counts as the one node it becomes: the search
+    goes on from all of its members' results (two clusters each reading the other's result
+    would wait on each other). Only eqns before the last member can lead back: clusters hold
+    eqns up to the one being added, which is the last member."""
+    stack, seen, expanded = [], set(), set()
+
+    def reach(u: int) -> None:
+        if u < last and u not in seen:
+            seen.add(u)
+            stack.append(u)
+
+    for u in readers:
+        reach(u)
     while stack:
         k = stack.pop()
         sources = [k]
         other = cluster_of.get(k)
         if other is not None and id(other) not in expanded:
             expanded.add(id(other))
-            sources = [j for j in other.members if j < last or j == k]
+            sources = other.members
         for j in sources:
             for v in eqns[j].outputs:
                 for u in users.get(v, ()):
                     if any(u in part for part in parts):
                         return True
-                    if u < last and u not in seen:
-                        seen.add(u)
-                        stack.append(u)
+                    reach(u)
     return False
 
 

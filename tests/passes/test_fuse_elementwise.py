@@ -475,3 +475,4 @@ def test_two_clusters_that_would_wait_on_each_other_are_not_both_made():
     x, y = inputs(np.float32)[:2]
     for a, b in zip(evaluate(fused, x, y), evaluate(g, x, y)):
         np.testing.assert_array_equal(a, b)
+
