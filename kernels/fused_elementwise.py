@@ -32,8 +32,10 @@ import threading
 FLOATS = ("float32", "float64")
 
 # how an input of a cluster is read: every element (the output's shape), one row per
-# `cols` elements (a bias row broadcast along the leading axes), or one value
-FULL, ROW, SCALAR = "full", "row", "scalar"
+# `cols` elements (a bias row broadcast along the leading axes), one value per row of the
+# output's last axis (a column of statistics, shape (..., m, 1) against (..., m, n)), or one
+# value
+FULL, ROW, COL, SCALAR = "full", "row", "col", "scalar"
 
 
 def _binary(fmt: str):
@@ -159,7 +161,8 @@ def kernel_source(steps, kinds, num_literals: int, outputs, dtypes) -> str:
 
     steps:    (op name, params dict, argument refs, result ref) per member, in order; a ref
               is ("x", j) for input j, ("k", j) for literal j, ("t", j) for member j's result
-    kinds:    FULL, ROW or SCALAR for each input (flat arrays; ROW ones hold `cols` values)
+    kinds:    FULL, ROW, COL or SCALAR for each input (flat arrays; ROW ones hold `cols`
+              values, COL ones `rows`)
     outputs:  the member results the kernel writes, one output array each
     dtypes:   the dtype name of each member's result
 
@@ -167,7 +170,7 @@ def kernel_source(steps, kinds, num_literals: int, outputs, dtypes) -> str:
     xs = [f"x{j}" for j in range(len(kinds))]
     ks = [f"k{j}" for j in range(num_literals)]
     os_ = [f"o{j}" for j in range(len(outputs))]
-    rows = ROW in kinds
+    rows = ROW in kinds or COL in kinds
     lines = [f"@njit(parallel=True, fastmath=False, error_model='numpy', cache=True)",
              f"def kernel(rows, cols, {', '.join(xs + ks + os_)}):"]
     lines += [f"    s{j} = x{j}[0]" for j, kind in enumerate(kinds) if kind == SCALAR]
@@ -178,6 +181,7 @@ def kernel_source(steps, kinds, num_literals: int, outputs, dtypes) -> str:
         full = [f"x{j}" for j, kind in enumerate(kinds) if kind == FULL] + os_
         lines += ["    for r in prange(rows):", "        lo = r * cols",
                   *(f"        {a}r = {a}[lo:lo + cols]" for a in full),
+                  *(f"        c{j} = x{j}[r]" for j, kind in enumerate(kinds) if kind == COL),
                   "        for i in range(cols):"]
         pad = " " * 12
         os_ = [f"{o}r" for o in os_]
@@ -186,7 +190,7 @@ def kernel_source(steps, kinds, num_literals: int, outputs, dtypes) -> str:
         pad = " " * 8
     for j, kind in enumerate(kinds):
         names[("x", j)] = {FULL: f"x{j}r[i]" if rows else f"x{j}[i]", ROW: f"x{j}[i]",
-                           SCALAR: f"s{j}"}[kind]
+                           COL: f"c{j}", SCALAR: f"s{j}"}[kind]
     names.update((("k", j), f"k{j}") for j in range(num_literals))
     for j, (op, params, args, result) in enumerate(steps):
         dtype = dtypes[j]

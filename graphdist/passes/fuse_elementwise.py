@@ -9,9 +9,10 @@ ufuncs it replaces), each with a scalar formula in kernels/fused_elementwise.py'
 (arithmetic, neg, abs, square, sqrt, maximum/minimum, relu and its gradient, where and
 comparisons, clip, casts between floats and from bool, gelu and its gradient in both
 forms), in float32 or float64 (bool masks inside). Its inputs are arrays of shape S, scalars
-(literals, 0-d or all-ones arrays) and rows broadcast along the leading axes (a bias (n,) or
-(1, n) against (m, n); every row input of one cluster the same length); an op reading
-anything else stays out. Transcendental functions (exp, log, tanh, sigmoid, pow) stay out
+(literals, 0-d or all-ones arrays), rows broadcast along the leading axes (a bias (n,) or
+(1, n) against (m, n)) and columns along the last (statistics (m, 1) against (m, n)); every
+row input of one cluster the same length, and that the last axis's when it has a column;
+an op reading anything else stays out. Transcendental functions (exp, log, tanh, sigmoid, pow) stay out
 too: their Numba and numpy forms differ in the last bit, and a fused program gives the
 unfused one's bits.
 
@@ -35,7 +36,7 @@ from graphdist.device.backends import backend_of_kind
 from graphdist.device.host import HOST_KERNELS
 from graphdist.ir import Eqn, Graph, Lit, Var
 from graphdist.ir.bodies import bodies
-from graphdist.kernels.fused_elementwise import FULL, ROW, SCALAR, formula
+from graphdist.kernels.fused_elementwise import COL, FULL, ROW, SCALAR, formula
 from graphdist.ops.fused import describe, fused_elementwise_p
 from graphdist.passes.fuse import stable_topological
 
@@ -86,15 +87,17 @@ def fuse_elementwise(g: Graph) -> Graph:
 
 
 def input_kind(ty, shape: tuple) -> tuple | None:
-    """(FULL | ROW | SCALAR, row length) for an input of type `ty` read by a member whose
-    result has `shape`; None for a broadcast the kernel does not index (a column, a middle
-    axis)."""
+    """(FULL | ROW | COL | SCALAR, row length) for an input of type `ty` read by a member
+    whose result has `shape`; None for a broadcast the kernel does not index (a middle
+    axis, a column with fewer axes than the result)."""
     if ty.dtype not in DTYPES:
         return None
     if tuple(ty.shape) == tuple(shape):
         return FULL, 0
     if ty.size == 1 and len(ty.shape) <= len(shape):
         return SCALAR, 0
+    if len(shape) >= 2 and tuple(ty.shape) == (*shape[:-1], 1):
+        return COL, shape[-1]
     dims = list(ty.shape)
     while dims and dims[0] == 1:
         dims.pop(0)
@@ -130,7 +133,7 @@ def _member(eqn) -> tuple | None:
                 return None
             continue
         kind = input_kind(v.ty, out.shape)
-        if kind is None or kind[0] == ROW and cols not in (0, kind[1]):
+        if kind is None or kind[0] in (ROW, COL) and cols not in (0, kind[1]):
             return None
         cols = kind[1] or cols
     args = [f"a{j}" for j in range(len(eqn.inputs))]

@@ -208,3 +208,18 @@ def test_a_strided_input_to_gelu_gives_the_unfused_program_s_bits(monkeypatch):
             np.testing.assert_array_equal(fused(x, y), want)
             warmup.wait()
         assert [e for e in fused.replicated_graph.eqns if e.op is fused_elementwise_p]
+
+
+def test_columns_beside_rows():
+    """(x - mean) / std * gamma + beta, the statistics (m, 1) columns, gamma and beta rows."""
+    x = edge_values((4, 32, N), np.float32, 16)
+    mean = edge_values((4, 32, 1), np.float32, 17)
+    std = np.abs(edge_values((4, 32, 1), np.float32, 18)) + np.float32(0.5)
+    gamma, beta = edge_values((N,), np.float32, 19), edge_values((1, N), np.float32, 20)
+    node = fused_node(lambda x, m, s, g, b: (x - m) / s * g + b, x, mean, std, gamma, beta)
+    assert dict(node.params)["members"] == ("sub", "div", "mul", "add")
+    kernel, twin = run_both(node, [x, mean, std, gamma, beta])
+    assert_same_bits(kernel, twin)
+    with np.errstate(all="ignore"):
+        want = (x - mean) / std * gamma + beta
+    np.testing.assert_array_equal(kernel[0], want)

@@ -71,6 +71,9 @@ FAMILIES = {
     "clip and extrema": lambda x, y, b, m: gd.clip_by_value(x * 2.0, -1.0, 1.0) + gd.maximum(
         x, y) - gd.minimum(x, y * 0.5),
     "residual": lambda x, y, b, m: (x + y) + (x * y + b),
+    "normalize by row statistics": lambda x, y, b, m: (
+        x - gd.reduce_mean(x, axis=1, keepdims=True)) / gd.sqrt(
+        gd.reduce_mean(y * y, axis=1, keepdims=True) + 1.0) * b + y,
 }
 
 
@@ -177,13 +180,12 @@ def test_small_values_and_unsupported_broadcasts_stay_unfused():
     f = gd.function(lambda x: (x * 2.0 + 1.0) * x)
     f(small)
     assert not fused_nodes(f.replicated_graph)
-    col = np.ones((M, 1), np.float32)
-    x, y, _, _ = inputs(np.float32)
-    g = gd.function(lambda x, c: (x + c) * 2.0)       # a column: not indexed by the kernel
-    out = g(x, col)
-    assert not any("add" in [m.op.name for m in dict(e.params)["body"].eqns]
-                   for e in fused_nodes(g.replicated_graph))
-    np.testing.assert_array_equal(out, (x + col) * np.float32(2))
+    x = np.ones((4, 16, N), np.float32)
+    mid = np.linspace(0, 1, 4 * N, dtype=np.float32).reshape(4, 1, N)
+    g = gd.function(lambda x, c: (x + c) * 2.0)       # a middle axis: not indexed
+    out = g(x, mid)
+    assert not any("add" in dict(e.params)["members"] for e in fused_nodes(g.replicated_graph))
+    np.testing.assert_array_equal(out, (x + mid) * np.float32(2))
 
 
 def test_input_kinds():
@@ -196,7 +198,10 @@ def test_input_kinds():
     assert input_kind(ArrayType((5,), f32), (4, 5)) == ("row", 5)
     assert input_kind(ArrayType((1, 5), f32), (4, 5)) == ("row", 5)
     assert input_kind(ArrayType((3, 5), f32), (2, 3, 5)) == ("row", 15)
-    assert input_kind(ArrayType((4, 1), f32), (4, 5)) is None
+    assert input_kind(ArrayType((4, 1), f32), (4, 5)) == ("col", 5)
+    assert input_kind(ArrayType((2, 3, 1), f32), (2, 3, 5)) == ("col", 5)
+    assert input_kind(ArrayType((3, 1), f32), (2, 3, 5)) is None       # fewer axes
+    assert input_kind(ArrayType((2, 1, 5), f32), (2, 3, 5)) is None    # a middle axis
     assert input_kind(ArrayType((4, 5), np.dtype("int32")), (4, 5)) is None
     assert MIN_ELEMENTS <= M * N
 

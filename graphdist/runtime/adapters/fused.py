@@ -22,23 +22,28 @@ _plans: dict = {}      # (formula, operand types) -> _Plan
 
 class _Plan:
     """A cluster's kernel as the generator needs it: its source, each input's kind (full,
-    row, scalar), the row length, the literals' values, which member results it writes."""
+    row, column, scalar), the row length, the literals' values, which member results it writes."""
 
     def __init__(self, body, ins, out_shape):
-        from graphdist.kernels.fused_elementwise import FULL, ROW, SCALAR, kernel_source
+        from graphdist.kernels.fused_elementwise import COL, FULL, ROW, SCALAR, kernel_source
 
+        out_shape = tuple(out_shape)
         n = int(np.prod(out_shape))
         self.kinds, self.cols = [], n
         for x in ins:
-            if tuple(x.shape) == tuple(out_shape):
+            if tuple(x.shape) == out_shape:
                 self.kinds.append(FULL)
             elif x.size == 1:
                 self.kinds.append(SCALAR)
+            elif tuple(x.shape) == (*out_shape[:-1], 1):
+                self.kinds.append(COL)
+                self.cols = out_shape[-1]
             else:
                 self.kinds.append(ROW)
                 self.cols = x.size
         self.ok = n > 0 and n % self.cols == 0 and all(
-            x.size == self.cols for x, k in zip(ins, self.kinds) if k == ROW)
+            x.size == (self.cols if k == ROW else n // self.cols)
+            for x, k in zip(ins, self.kinds) if k in (ROW, COL))
         refs = {v: ("x", j) for j, v in enumerate(body.inputs)}
         self.literals, steps = [], []
         for k, e in enumerate(body.eqns):
