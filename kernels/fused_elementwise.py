@@ -201,7 +201,24 @@ def kernel_source(steps, kinds, num_literals: int, outputs, dtypes) -> str:
         lines.append(f"{pad}t{j} = {typed}")
         names[result] = f"t{j}"
     lines += [f"{pad}{o}[i] = {names[ref]}" for o, ref in zip(os_, outputs)]
-    return PRELUDE + "\n".join(lines) + "\n"
+    return f"# {_callee_version()}\n" + PRELUDE + "\n".join(lines) + "\n"
+
+
+_versions: list = []
+
+
+def _callee_version() -> str:
+    """A hash of the kernel modules the generated loops call (gelu.py and its constants in
+    gelu_numpy.py): part of each source, so a change there makes new files, never a stale
+    cached loop (Numba's cache checks a file's own timestamp, not its callees')."""
+    if not _versions:
+        here = os.path.dirname(os.path.abspath(__file__))
+        digest = hashlib.sha1()
+        for name in ("gelu.py", "gelu_numpy.py"):
+            with open(os.path.join(here, name), "rb") as f:
+                digest.update(f.read())
+        _versions.append(f"callees {digest.hexdigest()[:16]}")
+    return _versions[0]
 
 
 _compiled: dict = {}
@@ -274,7 +291,7 @@ def run(source: str, kinds, cols: int, inputs, literals, outs) -> None:
     n = outs[0].size
     rows = n // cols if cols else 0
     nbytes = sum(x.nbytes for x in inputs) + sum(o.nbytes for o in outs)
-    heavy = "_gelu" in source[len(PRELUDE):]
+    heavy = "_gelu" in source.rpartition("def kernel(")[2]     # the loop, not the prelude
     if not heavy:      # threads_for's threshold scaled to the cheap loops' own
         nbytes = nbytes * PARALLEL_MIN_BYTES // CHEAP_PARALLEL_MIN_BYTES
     with threads_for(nbytes):

@@ -223,3 +223,14 @@ def test_columns_beside_rows():
     with np.errstate(all="ignore"):
         want = (x - mean) / std * gamma + beta
     np.testing.assert_array_equal(kernel[0], want)
+
+
+def test_the_source_names_its_callees_version_and_only_gelu_loops_are_heavy(monkeypatch):
+    """A change to gelu.py changes every generated source (so its file and Numba's cache
+    entry), and a loop without gelu runs on one thread below 16 MiB touched."""
+    plain = fk.kernel_source([("add", {}, [("x", 0), ("x", 1)], ("t", 0))], [fk.FULL, fk.FULL],
+                             0, [("t", 0)], ["float32"])
+    assert plain.startswith("# callees ") and "_gelu" not in plain.rpartition("def kernel(")[2]
+    monkeypatch.setattr(fk, "_versions", ["callees changed"])
+    assert fk.kernel_source([("add", {}, [("x", 0), ("x", 1)], ("t", 0))],
+                            [fk.FULL, fk.FULL], 0, [("t", 0)], ["float32"]) != plain
