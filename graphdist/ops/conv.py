@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from graphdist.errors import ShapeError
 from graphdist.ir.types import ArrayType
 from graphdist.ops.core import Op, accumulate_in_float32, bind, same_dtype
@@ -63,7 +65,13 @@ def _im2col(xp, x, k_hw, strides, dilations, out_hw, pads, buf=None):
 
 
 def _patch_buffer(xp, parts, x, k_hw, out_hw):
-    """One flat buffer for the largest block's patches."""
+    """One flat buffer for the largest block's patches; None (a fresh array per block) off
+    the host: the buffer saves glibc's mapping and faulting-in of megabytes per block, which
+    a device's pool allocator does not cost, and the window view there may not be the
+    device's own array type (the CUDA simulator's CuPy gives a host view), which
+    ascontiguousarray takes and copyto does not."""
+    if xp is not np:
+        return None
     most = max(p.stop - p.start for p in parts)
     return xp.empty(most * out_hw[0] * out_hw[1] * k_hw[0] * k_hw[1] * x.shape[3], x.dtype)
 
