@@ -7,7 +7,7 @@ results are bit-identical with overlap off, the bucket's buffers live until the 
 the profile draws each on a "<device> collectives" lane.
 
 On a machine with a GPU these run on CuPy (tools/gpu_check.sh runs tests/gpu); in CI
-tests/runtime/test_overlap_gpu.py runs them on tests/gpu/fake_cupy.py with the CUDA kernels
+tests/runtime/test_overlap_on_simulated_gpus.py runs them on tests/gpu/fake_cupy.py with the CUDA kernels
 in numba's simulator, where every kernel, copy and NCCL call is checked for stream order:
 the tests that take a wait out and see the race run there only.
 """
