@@ -212,8 +212,11 @@ def test_assign_var_overwrites_state_and_only_it():
     assert [op for op in OPS.values() if op.overwrites_state] == [assign_p]
 
 
-def test_nccl_all_reduce_orders_its_own_streams():
-    assert [op.name for op in OPS.values() if op.orders_own_streams] == ["nccl_all_reduce"]
+def test_the_nccl_collectives_order_their_own_streams():
+    # the inline all-reduce, and the overlapped start (communication stream after the
+    # compute stream's event) and wait (compute stream after the communication stream's)
+    assert {op.name for op in OPS.values() if op.orders_own_streams} == {
+        "nccl_all_reduce", "nccl_all_reduce_start", "collective_wait"}
 
 
 # ---------------------------------------------------------------- pricing by cost kind
