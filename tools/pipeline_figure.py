@@ -51,9 +51,9 @@ def side(ax, y, text):
 
 
 def main() -> None:
-    fig, ax = plt.subplots(figsize=(11.6, 10.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(11.6, 12.2), dpi=110)
     ax.set_xlim(0, 12.9)
-    ax.set_ylim(0, 11.2)
+    ax.set_ylim(-2.0, 11.2)
     ax.axis("off")
     ax.text(0.2, 10.85, "The compile pipeline (graphdist/pipeline.py)", fontsize=14,
             weight="bold", color="#102a43")
@@ -69,9 +69,9 @@ def main() -> None:
     arrow(ax, (cx, 9.42), (cx, 9.1))
 
     # the logical passes: one replica, before any device is chosen
-    names = ["dce", "cse", "simplify", "cse.2", "dce.2", "fuse_optimizer"]
-    widths = [0.8, 0.8, 1.35, 1.05, 1.05, 2.25]
-    gap = 0.22
+    names = ["dce", "cse", "simplify", "cse.2", "dce.2", "fuse_optimizer", "fuse_accumulate"]
+    widths = [0.7, 0.7, 1.3, 0.95, 0.95, 2.1, 2.25]
+    gap = 0.16
     total = sum(widths) + gap * (len(widths) - 1)
     x = cx - total / 2
     y = 7.55
@@ -85,7 +85,7 @@ def main() -> None:
         if i:
             arrow(ax, (x - gap, y - 0.1), (x, y - 0.1))
         x += w + gap
-    side(ax, 7.45, "passes/dce.py, cse.py,\nsimplify.py, fuse.py")
+    side(ax, 7.45, "passes/dce.py, cse.py,\nsimplify.py, fuse.py,\naccumulate.py")
     arrow(ax, (cx, 8.4), (cx, 8.07))
 
     # placement: one of three
@@ -102,31 +102,46 @@ def main() -> None:
     arrow(ax, (cx, top), (cx, yb + 0.5))
     arrow(ax, (cx + 0.6, top), (8.85, yb + 0.5), dashed=True)
 
-    yl = 4.35
-    box(ax, cx, yl, 4.4, 0.95, "lower_collectives", "each N-way collective becomes what runs:\n"
-        "one_device | ring | hierarchical | host | nccl", PLACED)
-    side(ax, yl, "passes/collectives.py\n(cross_device_ops names\nthe lowering)")
-    arrow(ax, (cx, yb - 0.5), (cx, yl + 0.5))
+    ye = 4.45
+    box(ax, cx, ye, 7.4, 0.8, "epilogues", "host devices: bias + activation into each matmul / "
+        "conv2d's output pass;\nrelu's gradient with the bias gradient's sum", PLACED)
+    side(ax, ye, "passes/epilogue.py")
+    arrow(ax, (1.65, yb - 0.5), (1.65, ye + 0.42))
+    arrow(ax, (cx, yb - 0.5), (cx, ye + 0.42))
+    arrow(ax, (8.85, yb - 0.5), (8.85, ye + 0.42), dashed=True)
 
-    yf = 3.05
-    box(ax, cx, yf, 4.4, 0.9, "overlap, fuse_reduce_update", "host/MPI: early buckets start + wait;\n"
-        "the last all-reduce fused with the update", PLACED)
-    side(ax, yf, "passes/overlap.py,\nfuse.py")
-    arrow(ax, (cx, yl - 0.5), (cx, yf + 0.47))
+    yl = 3.2
+    box(ax, cx, yl, 4.4, 0.9, "lower_collectives", "each N-way collective becomes what runs:\n"
+        "one_device | ring | hierarchical | host | mpi | nccl", PLACED)
+    side(ax, yl, "passes/collectives/\n(cross_device_ops names\nthe lowering)")
+    arrow(ax, (cx, ye - 0.42), (cx, yl + 0.47))
 
-    ys = 1.85
-    box(ax, cx, ys, 3.6, 0.7, "schedule", "program order and buffer liveness", PLACED)
+    yf = 1.85
+    box(ax, cx, yf, 6.9, 0.9, "overlap, fuse_reduce_update, fuse_sharded_update",
+        "early buckets start + wait; the last all-reduce (or a ZeRO bucket's\n"
+        "reduce-scatter + update + all-gather) fused with the update in one pass", PLACED)
+    side(ax, yf, "passes/overlap.py,\nfuse.py, fuse_zero.py")
+    arrow(ax, (cx, yl - 0.47), (cx, yf + 0.47))
+
+    yx = 0.55
+    box(ax, cx, yx, 7.4, 0.7, "fuse_elementwise", "each cluster of elementwise ops: one "
+        "generated loop", PLACED)
+    side(ax, yx, "passes/fuse_elementwise.py")
+    arrow(ax, (cx, yf - 0.47), (cx, yx + 0.37))
+    arrow(ax, (1.65, ye - 0.42), (1.65, yx + 0.37), rad=0.0)
+    arrow(ax, (8.85, ye - 0.42), (8.85, yx + 0.37), dashed=True)
+
+    ys = -0.55
+    box(ax, cx, ys, 3.6, 0.6, "schedule", "program order and buffer liveness", PLACED)
     side(ax, ys, "passes/schedule.py")
-    arrow(ax, (cx, yf - 0.47), (cx, ys + 0.37))
-    arrow(ax, (1.65, yb - 0.5), (cx - 1.8, ys + 0.1), rad=0.18)
-    arrow(ax, (8.85, yb - 0.5), (cx + 1.8, ys + 0.1), dashed=True, rad=-0.18)
+    arrow(ax, (cx, yx - 0.37), (cx, ys + 0.32))
 
-    yr = 0.65
+    yr = -1.6
     box(ax, cx, yr, 7.0, 0.7, "runtime: lower to a generated program, run it",
         "kernels from runtime/kernel_table.py; numpy (cpu:N) or CuPy (gpu:N) buffers",
         OUTSIDE, stage=False)
     side(ax, yr, "runtime/")
-    arrow(ax, (cx, ys - 0.37), (cx, yr + 0.37))
+    arrow(ax, (cx, ys - 0.32), (cx, yr + 0.37))
 
     fig.savefig(OUT, bbox_inches="tight", pad_inches=0.15, facecolor="white")
     from PIL import Image  # comes with matplotlib: 256 colours, a third of the bytes
