@@ -18,13 +18,22 @@ ENV_SET: dict = {}    # what graphdist added to os.environ (benchmarks hide it f
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = ENV_SET["OMP_WAIT_POLICY"] = "passive"
 
-# OpenBLAS's worker threads spin for a while after each GEMM; a parallel Numba kernel that
-# runs right after one gets half of a 2-core machine (max-pool gradient: 7.1 ms right after
-# a matmul, 3.6 ms alone). A short timeout puts them to sleep sooner: the tutorial CNN step
-# 53-55 -> 51 ms, the MLP step unchanged. Like OPENBLAS_CORETYPE below, only effective when
-# numpy has not been imported yet (import graphdist first); an explicit setting wins.
+# OpenBLAS's worker threads spin for 2^n TSC ticks after each GEMM (n = 28 by default: about
+# 0.1 s); a parallel Numba kernel that runs right after one gets half of a 2-core machine
+# (max-pool gradient: 7.1 ms right after a matmul, 3.6 ms alone). n = 14 (about 6 us) puts
+# them to sleep before the next kernel gets going but keeps them awake across the few
+# microseconds between two GEMMs in a row (a dense layer's two gradients): with the minimum,
+# 4, every GEMM woke a sleeping worker, which a step of 4 replicas (4x the GEMM calls) paid
+# 4x. Against 4, fresh processes alternating at quiet moments (7 with 4, 6 with 14; median
+# ms of their medians): the GPT-2-style step 28.9 -> 28.1 (1 device) and 36.2 -> 34.6 (4
+# replicas), the tutorial CNN 24.1 -> 23.4 and 26.6 -> 25.9, the MLP 14.4 -> 14.1 and
+# 22.0 -> 21.2 (4 was itself chosen against the default 28: the CNN step 53-55 -> 51 ms;
+# under a neighbour's load the two tie). Like OPENBLAS_CORETYPE below, only
+# effective when numpy has not been imported yet (import graphdist first); an explicit
+# setting wins.
+THREAD_TIMEOUT = "14"
 if "OPENBLAS_THREAD_TIMEOUT" not in os.environ and "numpy" not in sys.modules:
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = ENV_SET["OPENBLAS_THREAD_TIMEOUT"] = "4"
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = ENV_SET["OPENBLAS_THREAD_TIMEOUT"] = THREAD_TIMEOUT
 
 _AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 

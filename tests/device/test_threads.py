@@ -55,3 +55,19 @@ def test_devices_names_the_blas_kernels_and_says_when_avx2_is_pinned_on_avx512(m
     monkeypatch.setenv("OPENBLAS_CORETYPE", "SkylakeX")
     monkeypatch.setitem(threads.ENV_SET, "OPENBLAS_CORETYPE", "SkylakeX")
     assert threads.blas_kernels() == "OPENBLAS_CORETYPE=SkylakeX (set by graphdist)"
+
+
+def _timeout_after_import(env: dict) -> str:
+    code = "import graphdist, os; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    return done.stdout.strip()
+
+
+def test_openblas_workers_spin_across_back_to_back_gemms_unless_told_otherwise():
+    # 2^14 TSC ticks (~6 us): awake between a layer's two gradient GEMMs, asleep before a
+    # Numba kernel gets going; 4 (the minimum) woke a sleeping worker at every GEMM
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    assert _timeout_after_import(env) == "14"
+    env["OPENBLAS_THREAD_TIMEOUT"] = "9"                                 # explicit wins
+    assert _timeout_after_import(env) == "9"
