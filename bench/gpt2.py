@@ -29,6 +29,7 @@ running itself again without it, as on a user's machine, and says so; the peers 
 without it too.
 
     python -m bench.gpt2 [--no-peers] [--repeat N]
+    python -m bench.gpt2 --replicas 30 --repeat 40   # 4 replicas' extra time, by op group
 """
 
 from __future__ import annotations
@@ -209,14 +210,98 @@ def steps_table(entry: dict, repeat: int) -> str:
     return text + ("\n" + versus if versus else "")
 
 
+# what the 4-replica step spends beyond the one-device one, by kind of node
+REPLICA_GROUPS = {
+    "matmul": "GEMMs (matmul, matmul + bias + act)",
+    "matmul_bias_act": "GEMMs (matmul, matmul + bias + act)",
+    "adam_multi_update": "Adam (x4: fused with the all-reduce)",
+    "host_reduce_update": "Adam (x4: fused with the all-reduce)",
+    "host_all_reduce": "loss all-reduce and its wait",
+    "collective_wait": "loss all-reduce and its wait",
+    "layer_norm": "row kernels (layer norm, softmax, gelu grad)",
+    "layer_norm_grad": "row kernels (layer norm, softmax, gelu grad)",
+    "softmax": "row kernels (layer norm, softmax, gelu grad)",
+    "softmax_grad": "row kernels (layer norm, softmax, gelu grad)",
+    "gelu_grad": "row kernels (layer norm, softmax, gelu grad)",
+}
+SMALL_OPS = "small ops (reshape copies, concat, adds, sums, fused loops, ...)"
+
+
+def _node_times(step, data) -> tuple[list, list, float]:
+    """(op names, ms per node, ms from the first node's start to the last one's end) of one
+    profiled step; a collective drawn on every replica's lane counts once."""
+    seen, events = set(), []
+    for e in step.profile(data)["traceEvents"]:
+        once = (e.get("args", {}).get("node"), e.get("ts"))
+        if e.get("ph") == "X" and once not in seen:
+            seen.add(once)
+            events.append(e)
+    events.sort(key=lambda e: e["ts"])
+    span = (events[-1]["ts"] + events[-1]["dur"] - events[0]["ts"]) / 1e3
+    return [e["name"] for e in events], [e["dur"] / 1e3 for e in events], span
+
+
+def replicas_part(profiles: int, repeat: int) -> dict:
+    """The one-device step against 4 replicas (8 sequences each, run in turn by one
+    program): each node's least time over `profiles` profiled steps of each, the two
+    alternating, summed per group of ops; the rest of the profiled span (between nodes:
+    the program's own Python) as its own row; and both steps' wall times, interleaved."""
+    batch = gpt2_data()
+    steps = {}
+    for replicas in (1, 4):
+        strategy = gd.OneDeviceStrategy("cpu:0") if replicas == 1 else \
+            gd.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
+        step, _ = make_gpt2_step(strategy)
+        data = batch if replicas == 1 else \
+            next(iter(strategy.experimental_distribute_dataset([batch])))
+        step(data)
+        steps[replicas] = (step, data)
+    least, names, spans = {}, {}, {1: [], 4: []}
+    for _ in range(profiles + 2):                   # the first two of each: warm-up
+        for replicas, (step, data) in steps.items():
+            names[replicas], ms, span = _node_times(step, data)
+            least[replicas] = np.minimum(least.get(replicas, ms), ms)
+            spans[replicas].append(span)
+    groups: dict = {}
+    for replicas in (1, 4):
+        for name, ms in zip(names[replicas], least[replicas]):
+            row = groups.setdefault(REPLICA_GROUPS.get(name, SMALL_OPS), {1: 0.0, 4: 0.0,
+                                                                          "n1": 0, "n4": 0})
+            row[replicas] += ms
+            row[f"n{replicas}"] += 1
+    between = {r: min(spans[r][2:]) - float(np.sum(least[r])) for r in (1, 4)}
+    groups["between nodes (the program's Python; profiled)"] = {1: between[1], 4: between[4],
+                                                               "n1": 0, "n4": 0}
+    rows = [[g, v["n1"], v["n4"], v[1], v[4], v[4] - v[1]]
+            for g, v in sorted(groups.items(), key=lambda kv: -(kv[1][4] - kv[1][1]))]
+    rows.append(["sum", sum(r[1] for r in rows), sum(r[2] for r in rows),
+                 *(sum(r[k] for r in rows) for k in (3, 4, 5))])
+    t = interleaved({ONE: lambda: steps[1][0](steps[1][1]),
+                     "graphdist Mirrored x4": lambda: steps[4][0](steps[4][1])}, repeat,
+                    label="gpt2 1 device vs 4 replicas")
+    walls = {k: (v["median_s"] * 1e3, v["min_s"] * 1e3) for k, v in t.items()}
+    table(f"GPT-2-style step, 1 device vs 4 replicas (summed): ms per group, each node's "
+          f"least of {profiles} profiled steps, alternating",
+          ["group", "nodes x1", "nodes x4", "x1 ms", "x4 ms", "x4 - x1"], rows)
+    wall = "wall, interleaved (median, min ms): " + "; ".join(
+        f"{k} {a:.2f}, {b:.2f}" for k, (a, b) in walls.items())
+    print(wall)
+    return {"groups": rows, "wall_ms": walls}
+
+
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--replicas", type=int, default=0, metavar="PROFILES",
+                    help="only what 4 replicas spend beyond 1 device, per group of ops, over "
+                         "PROFILES profiled steps of each (printed, not saved)")
     args = ap.parse_args(argv)
     if unpinned_rerun("bench.gpt2", argv):
         return {}
+    if args.replicas:
+        return replicas_part(args.replicas, args.repeat)
     gelu, gelu_text = gelu_part(max(args.repeat, 20))
     t = graphdist_part(args.repeat)
     base = t[ONE]["median_s"]
