@@ -24,10 +24,11 @@ if "OMP_WAIT_POLICY" not in os.environ:
 # them to sleep before the next kernel gets going but keeps them awake across the few
 # microseconds between two GEMMs in a row (a dense layer's two gradients): with the minimum,
 # 4, every GEMM woke a sleeping worker, which a step of 4 replicas (4x the GEMM calls) paid
-# 4x. Against 4, fresh processes alternating at quiet moments (7 with 4, 6 with 14; median
-# ms of their medians): the GPT-2-style step 28.9 -> 28.1 (1 device) and 36.2 -> 34.6 (4
-# replicas), the tutorial CNN 24.1 -> 23.4 and 26.6 -> 25.9, the MLP 14.4 -> 14.1 and
-# 22.0 -> 21.2 (4 was itself chosen against the default 28: the CNN step 53-55 -> 51 ms;
+# 4x. Against 4, fresh processes in ABBA order at a quiet moment (3 runs each; median of
+# their medians, then of their mins, ms): the GPT-2-style step on 4 replicas 33.6 -> 33.1
+# and 33.2 -> 32.1, the tutorial CNN 22.4 -> 22.0 / 21.9 -> 21.3 (1 device) and 24.8 ->
+# 24.5 / 24.4 -> 23.9 (4 replicas); the GPT-2-style step on 1 device and the MLP within
+# 0.5% (4 was itself chosen against the default 28: the CNN step 53-55 -> 51 ms;
 # under a neighbour's load the two tie). Like OPENBLAS_CORETYPE below, only
 # effective when numpy has not been imported yet (import graphdist first); an explicit
 # setting wins.
