@@ -38,6 +38,8 @@ def fuse_accumulate(g: Graph) -> Graph:
     fused eqn takes the matmul's place in the order (its accumulator read just before it),
     not the add's: the adds come after the whole backward pass, and the product's operands
     (the layer's activations) would otherwise live until then."""
+    if not any(v.role == ROLE for v in g.variables):      # no accumulators: nothing to scan
+        return g
     producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
     uses: dict = {}
     for v in (*(v for e in g.eqns for v in e.inputs), *g.outputs):

@@ -49,7 +49,14 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 def fold_epilogues(g: Graph) -> Graph:
     """`g` with each bias + activation folded into its matmul / conv2d, and each relu_grad
     + bias-gradient sum fused (see the module docstring); `g` itself when none applies."""
-    return _fold_backward(_relu_grad_before_pool(_fold_forward(g)))
+    ops = {eqn.op for eqn in g.eqns}     # each fold scans only a graph holding its ops
+    if ops & {add_p, relu_p, gelu_p} and ops & {matmul_p, conv2d_p}:
+        g = _fold_forward(g)
+    if relu_grad_p in ops and max_pool2d_grad_p in ops:
+        g = _relu_grad_before_pool(g)
+    if relu_grad_p in ops and sum_p in ops:
+        g = _fold_backward(g)
+    return g
 
 
 # ---------------------------------------------------------------- reading the graph
