@@ -22,6 +22,7 @@ import graphdist as gd
 from graphdist import config
 from graphdist.ops.device_collectives import nccl_all_reduce_p
 from graphdist.ops.overlap_collectives import collective_wait_p, nccl_all_reduce_start_p
+from overlap_builders import train_mlp
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gd.devices("gpu"), reason="needs a GPU (CuPy + CUDA)")]
@@ -54,33 +55,13 @@ def _mlp(devices, overlap: bool, kind: str = "sgd", steps: int = 2):
     """A 3-layer MLP trained on `devices`: (parameters of every replica on the host,
     losses, step, batch)."""
     config.set_overlap(overlap)
-    rng = np.random.default_rng(0)
-    strategy = gd.MirroredStrategy(devices)
-    strategy.bucket_bytes = BUCKET
-    with strategy.scope():
-        ws = [gd.Variable((rng.standard_normal(s) * 0.3).astype(np.float32), name=f"w{i}")
-              for i, s in enumerate(SIZES)]
-        opt = (gd.optimizers.SGD(0.05, momentum=0.9) if kind == "sgd"
-               else gd.optimizers.Adam(0.01))
-
-    @gd.function
-    def step(batch):
-        def replica_fn(x, y):
-            with gd.GradientTape() as tape:
-                h = x
-                for i in range(0, len(ws), 2):
-                    h = h @ ws[i] + ws[i + 1]
-                    if i + 2 < len(ws):
-                        h = gd.tanh(h)
-                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, h))
-            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
-            return loss
-        return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
-
+    rng = np.random.default_rng(1)
     x = rng.standard_normal((16, HIDDEN)).astype(np.float32)
     y = rng.integers(0, 4, 16).astype(np.int32)
-    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
-    losses = [float(step(batch)) for _ in range(steps)]
+    ws, losses, step, batch = train_mlp(
+        devices, SIZES, bucket_bytes=BUCKET, x=x, y=y, steps=steps, scale=0.3,
+        optimizer=lambda: (gd.optimizers.SGD(0.05, momentum=0.9) if kind == "sgd"
+                           else gd.optimizers.Adam(0.01)))
     return [[np.asarray(c.get()) for c in w.values] for w in ws], losses, step, batch
 
 

@@ -20,6 +20,7 @@ from graphdist.runtime.overlap import collective_wait_p, host_all_reduce_start_p
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/
 from mpi_launch import needs_mpi, two_workers  # noqa: E402
+from overlap_builders import train_mlp  # noqa: E402
 
 DEVICES = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
 
@@ -34,33 +35,13 @@ def _mlp(overlap: bool, steps: int = 3, bucket_bytes: int = 25 * 2**20):
     """A 3-layer MLP's SGD-momentum steps on 4 logical devices: (variables, losses, step,
     batch)."""
     gd.config.set_overlap(overlap)
-    rng = np.random.default_rng(0)
-    strategy = gd.MirroredStrategy(DEVICES)
-    strategy.bucket_bytes = bucket_bytes
+    rng = np.random.default_rng(1)
     sizes = [(32, 64), (64,), (64, 64), (64,), (64, 10), (10,)]
-    with strategy.scope():
-        ws = [gd.Variable((rng.standard_normal(s) * 0.2).astype(np.float32), name=f"w{i}")
-              for i, s in enumerate(sizes)]
-        opt = gd.optimizers.SGD(0.05, momentum=0.9)
-
-    @gd.function
-    def step(batch):
-        def replica_fn(x, y):
-            with gd.GradientTape() as tape:
-                h = x
-                for i in range(0, len(ws), 2):
-                    h = h @ ws[i] + ws[i + 1]
-                    if i + 2 < len(ws):
-                        h = gd.tanh(h)
-                loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, h))
-            opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
-            return loss
-        return strategy.reduce("mean", strategy.run(replica_fn, args=batch))
-
     x = rng.standard_normal((32, 32)).astype(np.float32)
     y = rng.integers(0, 10, 32).astype(np.int32)
-    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
-    losses = [float(step(batch)) for _ in range(steps)]
+    ws, losses, step, batch = train_mlp(
+        DEVICES, sizes, bucket_bytes=bucket_bytes, x=x, y=y, steps=steps,
+        optimizer=lambda: gd.optimizers.SGD(0.05, momentum=0.9))
     return [w.values for w in ws], losses, step, batch
 
 
