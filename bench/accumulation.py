@@ -21,45 +21,16 @@ import contextlib
 import statistics
 import time
 
-import numpy as np
-
-import graphdist as gd
 from bench.common import save, settle, table
-from bench.models import mlp_loss
-from bench.peers.common import BATCH, data, init
+from bench.peers.common import BATCH
+from bench.zero import N, make_with_optimizer
 from graphdist import pipeline
-
-N = 4
-DEVICES = [f"cpu:{i}" for i in range(N)]
 
 
 def make(accumulation: int = 1, update: bool = True):
-    """(step, batch, optimizer) of the MLP on N logical devices; update=False: compute
-    alone, the gradients written to per-replica variables."""
-    strategy = gd.MirroredStrategy(DEVICES)
-    with strategy.scope():
-        ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(init())]
-        opt = gd.optimizers.Adam(1e-3, gradient_accumulation_steps=accumulation)
-        sinks = [gd.Variable(np.zeros_like(p), name=f"g{i}", trainable=False,
-                             synchronization=gd.VariableSynchronization.ON_READ)
-                 for i, p in enumerate(init())] if not update else []
-
-    @gd.function
-    def step(x, y):
-        def replica_fn(x, y):
-            with gd.GradientTape() as tape:
-                loss = mlp_loss(ws, x, y)
-            grads = tape.gradient(loss, ws)
-            if update:
-                opt.apply_gradients(zip(grads, ws))
-            else:
-                for sink, g in zip(sinks, grads):
-                    sink.assign(g)
-            return loss
-        return strategy.run(replica_fn, args=(x, y))
-
-    batch = next(iter(strategy.experimental_distribute_dataset([data()])))
-    return step, batch, opt
+    """(step, batch, optimizer) of bench/zero.py's MLP on N logical devices at stage 0;
+    update=False: compute alone, the gradients written to per-replica variables."""
+    return make_with_optimizer(0, accumulation, update)
 
 
 @contextlib.contextmanager

@@ -55,6 +55,12 @@ DEVICES = [f"cpu:{i}" for i in range(N)]
 def make(stage: int = 0, accumulation: int = 1, update: bool = True):
     """(step, batch) of the MLP on N logical devices at `stage`. update=False: compute
     alone, the gradients written to per-replica variables."""
+    return make_with_optimizer(stage, accumulation, update)[:2]
+
+
+def make_with_optimizer(stage: int = 0, accumulation: int = 1, update: bool = True):
+    """make()'s (step, batch) and the step's optimizer (bench/accumulation.py reads its
+    window's phase)."""
     strategy = gd.MirroredStrategy(DEVICES, zero_stage=stage)
     with strategy.scope():
         ws = [gd.Variable(p, name=f"p{i}") for i, p in enumerate(init())]
@@ -78,7 +84,7 @@ def make(stage: int = 0, accumulation: int = 1, update: bool = True):
         return strategy.run(replica_fn, args=(x, y))
 
     batch = next(iter(strategy.experimental_distribute_dataset([data()])))
-    return step, batch
+    return step, batch, opt
 
 
 def unfused_stage_1():
