@@ -40,7 +40,7 @@ from graphdist.ops.epilogue import (GELU_FORMS, conv2d_bias_act_p, matmul_bias_a
 from graphdist.ops.math import add_p, matmul_p, relu_grad_p, relu_p, sum_p
 from graphdist.ops.pool import max_pool2d_grad_p
 from graphdist.ops.special import gelu_grad_p, gelu_p
-from graphdist.passes.fuse import stable_topological
+from graphdist.passes.fuse import spliced, stable_topological
 
 # dtypes the fused kernels run (float16/bfloat16 matmuls accumulate in float32 apart)
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -182,11 +182,7 @@ def _fold_forward(g: Graph) -> Graph:
         _fuse_forward(g, replaced, eqn, members, bias, pre, act, rows is not None)
     if not replaced:
         return g
-    eqns = []
-    for i, e in enumerate(g.eqns):
-        new = replaced.get(i, e)
-        eqns += [(i, x) for x in (new if isinstance(new, list) else [new]) if x is not None]
-    return replace(g, eqns=tuple(stable_topological(eqns, g.inputs)))
+    return replace(g, eqns=tuple(stable_topological(spliced(g, replaced), g.inputs)))
 
 
 def _rows_view(g: Graph, uses: _Uses, eqn):
@@ -269,11 +265,7 @@ def _relu_grad_before_pool(g: Graph) -> Graph:
                 replaced[i] = replace(e, inputs=(masked,))
     if not replaced:
         return g
-    eqns = []
-    for i, e in enumerate(g.eqns):
-        new = replaced.get(i, e)
-        eqns += new if isinstance(new, list) else [new] if new is not None else []
-    return replace(g, eqns=tuple(eqns))
+    return replace(g, eqns=tuple(e for _, e in spliced(g, replaced)))
 
 
 def _bias_sum(g: Graph, uses: _Uses, dz):

@@ -67,6 +67,17 @@ def fuse_optimizer(g: Graph) -> Graph:
     return replace(g, eqns=tuple(stable_topological(eqns, g.inputs)))
 
 
+def spliced(g: Graph, replaced: dict) -> list:
+    """g's eqns as (index, eqn) pairs with `replaced[i]` in eqn i's place: an eqn, a list of
+    them (spliced in at i's priority), or None (dropped). The fusion passes hand the result
+    to stable_topological."""
+    eqns = []
+    for i, e in enumerate(g.eqns):
+        new = replaced.get(i, e)
+        eqns += [(i, x) for x in (new if isinstance(new, list) else [new]) if x is not None]
+    return eqns
+
+
 def stable_topological(indexed_eqns: list, inputs) -> list:
     """Topological order that keeps the given priority (index) wherever data allows."""
     producer = {v: k for k, (_, e) in enumerate(indexed_eqns) for v in e.outputs}
@@ -118,14 +129,7 @@ def fuse_reduce_update(g: Graph) -> Graph:
         replaced.setdefault(i, None)
     if not replaced:
         return g
-    eqns = []
-    for i, e in enumerate(g.eqns):
-        new = replaced.get(i, e)
-        if isinstance(new, list):
-            eqns += [(i, node) for node in new]
-        elif new is not None:
-            eqns.append((i, new))
-    return replace(g, eqns=tuple(stable_topological(eqns, g.inputs)))
+    return replace(g, eqns=tuple(stable_topological(spliced(g, replaced), g.inputs)))
 
 
 def _reduce_update_plan(g: Graph, reduce_eqn, users: dict, outputs: set):

@@ -27,7 +27,7 @@ from graphdist.ops.host_collectives import host_all_gather_p, host_reduce_scatte
 from graphdist.ops.sparse import check_indices_p, gather_p
 from graphdist.ops.state import read_p as read_var_p
 from graphdist.ops.zero_collectives import host_sharded_update_p
-from graphdist.passes.fuse import _reduce_update_plan, _split_updates_by_bucket, \
+from graphdist.passes.fuse import _reduce_update_plan, _split_updates_by_bucket, spliced, \
     stable_topological
 
 # replicas x members one node updates: the CPU kernels take tuples of up to 16 arrays
@@ -58,14 +58,7 @@ def fuse_sharded_update(g: Graph) -> Graph:
         maybe_dead |= chains
     if not replaced:
         return given                  # not even the updates cut per bucket
-    eqns = []
-    for i, e in enumerate(g.eqns):
-        new = replaced.get(i, e)
-        if isinstance(new, list):
-            eqns += [(i, node) for node in new]
-        elif new is not None:
-            eqns.append((i, new))
-    eqns = _without_dead(eqns, maybe_dead, g.outputs)
+    eqns = _without_dead(spliced(g, replaced), maybe_dead, g.outputs)
     return replace(g, eqns=tuple(stable_topological(eqns, g.inputs)))
 
 
