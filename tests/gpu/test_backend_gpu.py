@@ -24,16 +24,6 @@ SIM = bool(numba.config.ENABLE_CUDASIM)     # the simulator runs each CUDA threa
 HIDDEN = 8 if SIM else 32
 
 
-@pytest.fixture
-def logical_gpus():
-    """Four logical GPUs over whatever physical ones there are (round robin)."""
-    before = dict(config._state["logical_devices"])
-    config.set_logical_device_count("gpu", 4)
-    yield [f"gpu:{i}" for i in range(4)]
-    config._state["logical_devices"].clear()
-    config._state["logical_devices"].update(before)
-
-
 def _cupy():
     import cupy
 

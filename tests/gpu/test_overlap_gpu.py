@@ -40,17 +40,6 @@ def _fake_cupy() -> bool:
     return cupy.__name__ == "fake_cupy"
 
 
-@pytest.fixture
-def logical_gpus():
-    """Four logical GPUs over whatever physical ones there are; overlap back on after."""
-    before = dict(config._state["logical_devices"])
-    config.set_logical_device_count("gpu", 4)
-    yield [f"gpu:{i}" for i in range(4)]
-    config._state["logical_devices"].clear()
-    config._state["logical_devices"].update(before)
-    config.set_overlap(True)
-
-
 def _mlp(devices, overlap: bool, kind: str = "sgd", steps: int = 2):
     """A 3-layer MLP trained on `devices`: (parameters of every replica on the host,
     losses, step, batch)."""
