@@ -28,11 +28,11 @@ SIZE = "1400,900"
 # `model` names the example whose 4-device step is drawn
 SHOTS = {
     "inspect-lanes.png": {"model": "mlp", "query": "", "zoom_out": 0, "pan": [0, 0],
-                          "hover": "out c@0:"},
+                          "hover": "out f@0:"},     # dense1's matmul_bias_act on cpu:0
     "inspect-collectives.png": {"model": "mlp", "query": "host_", "zoom_out": 2,
                                 "pan": [150, -160], "hover": ""},
     "inspect-cnn.png": {"model": "cnn", "query": "", "zoom_out": 0, "pan": [0, 0],
-                        "hover": "out i@0:"},     # the conv2d of conv2d_1 on cpu:0
+                        "hover": "out l@0:"},     # conv2d_1's conv2d_bias_act on cpu:0
 }
 
 ACTIONS = """
