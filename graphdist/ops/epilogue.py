@@ -129,12 +129,17 @@ def matmul_bias_act_out(xp, outs, x, w, *bias, act, has_bias, keep, members,
 matmul_bias_act_p.def_out(matmul_bias_act_out)
 
 
-@matmul_bias_act_p.def_impl
-def _matmul_bias_act_impl(xp, x, w, *bias, **params):
-    outs = tuple(xp.empty(t.shape, t.dtype) for t in _matmul_bias_act_shape(
-        *(ArrayType(a.shape, a.dtype) for a in (x, w, *bias)), **params))
-    matmul_bias_act_out(xp, outs, x, w, *bias, **params)
-    return outs
+def _impl_from_out(shape_rule, out_form):
+    """The op's impl: fresh outputs of the shapes `shape_rule` gives, filled by `out_form`."""
+    def impl(xp, *args, **params):
+        outs = tuple(xp.empty(t.shape, t.dtype) for t in shape_rule(
+            *(ArrayType(a.shape, a.dtype) for a in args), **params))
+        out_form(xp, outs, *args, **params)
+        return outs
+    return impl
+
+
+matmul_bias_act_p.def_impl(_impl_from_out(_matmul_bias_act_shape, matmul_bias_act_out))
 
 
 matmul_bias_act_p.def_cost(lambda ins, outs, **_: (
@@ -180,12 +185,7 @@ def conv2d_bias_act_out(xp, outs, x, f, *bias, strides, padding, dilations, act,
 conv2d_bias_act_p.def_out(conv2d_bias_act_out)
 
 
-@conv2d_bias_act_p.def_impl
-def _conv2d_bias_act_impl(xp, x, f, *bias, **params):
-    outs = tuple(xp.empty(t.shape, t.dtype) for t in _conv2d_bias_act_shape(
-        *(ArrayType(a.shape, a.dtype) for a in (x, f, *bias)), **params))
-    conv2d_bias_act_out(xp, outs, x, f, *bias, **params)
-    return outs
+conv2d_bias_act_p.def_impl(_impl_from_out(_conv2d_bias_act_shape, conv2d_bias_act_out))
 
 
 conv2d_bias_act_p.def_cost(lambda ins, outs, **_: (
