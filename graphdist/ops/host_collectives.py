@@ -152,7 +152,7 @@ host_reduce_update_p = Op("host_reduce_update", collective=True, num_outputs=Non
                           differentiable=False)
 
 
-def _update_parts(params: dict):
+def update_parts(params: dict):
     """(multi-update op, per-tensor inputs kept (all but the gradient), inputs per replica)."""
     from graphdist.ops.core import OPS
 
@@ -163,7 +163,7 @@ def _update_parts(params: dict):
 
 def _replica_inputs(ins, params: dict):
     """Each replica's update inputs, with placeholders (None) where the gradients go."""
-    _, kept, per = _update_parts(params)
+    _, kept, per = update_parts(params)
     r, n = params["replicas"], params["n"]
     rest = ins[r:]
     out = []
@@ -183,7 +183,7 @@ def _update_params(params: dict) -> dict:
 
 @host_reduce_update_p.def_shape
 def _reduce_update_shape(*ins, **params):
-    multi = _update_parts(params)[0]
+    multi = update_parts(params)[0]
     reduce_types("host_reduce_update", ins[:params["replicas"]], params["reduce"])
     outs = []
     for full in _replica_inputs(ins, params):
@@ -196,7 +196,7 @@ def _reduce_update_shape(*ins, **params):
 @host_reduce_update_p.def_impl
 def _reduce_update_impl(xp, *ins, **params):
     """The reference: the all-reduce, then each replica's update on views of its result."""
-    multi, kept, _ = _update_parts(params)
+    multi, kept, _ = update_parts(params)
     r = params["replicas"]
     total = _host_all_reduce_impl(xp, *ins[:r], op=params["reduce"])
     outs = []
@@ -209,15 +209,15 @@ def _reduce_update_impl(xp, *ins, **params):
     return tuple(outs)
 
 
-def _reduce_update_inplace(params) -> dict:
+def reduce_update_inplace(params) -> dict:
     params = dict(params)
-    multi, kept, per = _update_parts(params)
+    multi, kept, per = update_parts(params)
     r, n = params["replicas"], params["n"]
     return {k * n * multi.outs + j * multi.outs + o: r + k * per + j * kept + o
             for k in range(r) for j in range(n) for o in range(multi.outs)}
 
 
-host_reduce_update_p.inplace = _reduce_update_inplace
+host_reduce_update_p.inplace = reduce_update_inplace
 host_reduce_update_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in outs),
                                                       sum(t.nbytes for t in ins + outs)))
 
@@ -227,7 +227,7 @@ def update_inputs(ins, update: str, replicas: int, n: int):
     per kept input kind (p, m[, v]) over every replica's tensors, and each replica's hyper
     vector."""
     params = {"update": update, "replicas": replicas, "n": n}
-    multi, kept, _ = _update_parts(params)
+    multi, kept, _ = update_parts(params)
     lists = [[] for _ in range(kept)]
     hypers = []
     for full in _replica_inputs(ins, params):

@@ -24,21 +24,13 @@ from __future__ import annotations
 
 from graphdist.ops.collectives import reduce_types
 from graphdist.ops.core import Op
+from graphdist.ops.host_collectives import reduce_update_inplace, update_parts
 
 host_sharded_update_p = Op("host_reduce_scatter_update_all_gather", collective=True,
                            num_outputs=None, differentiable=False)
 
 LAYOUT = ("replicas", "width", "offsets", "lengths", "variables", "members", "reduce",
           "update")
-
-
-def update_parts(params: dict):
-    """(multi-update op, per-member inputs kept (all but the gradient), inputs per replica)."""
-    from graphdist.ops.core import OPS
-
-    multi = OPS[params["update"]].multi_tensor
-    kept = multi.k - 1
-    return multi, kept, params["n"] * kept + multi.shared
 
 
 def replica_groups(ins, params: dict) -> list:
@@ -109,15 +101,8 @@ def _impl(xp, *ins, **params):
     return tuple(x for per_replica in outs for member in per_replica for x in member)
 
 
-def _inplace(params) -> dict:
-    params = dict(params)
-    multi, kept, per = update_parts(params)
-    r, n = params["replicas"], params["n"]
-    return {k * n * multi.outs + j * multi.outs + o: r + k * per + j * kept + o
-            for k in range(r) for j in range(n) for o in range(multi.outs)}
-
-
-host_sharded_update_p.inplace = _inplace
+# the same inputs and outputs per replica as host_reduce_update: the same in-place map
+host_sharded_update_p.inplace = reduce_update_inplace
 host_sharded_update_p.def_cost(lambda ins, outs, **_: (sum(t.size for t in outs),
                                                        sum(t.nbytes for t in ins + outs)))
 
