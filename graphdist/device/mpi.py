@@ -7,7 +7,9 @@ hangs: the collective timeout (gd.config.set_collective_timeout), and notices fr
 other workers. A worker that fails (in a step, between steps, at exit: the hooks of
 `install_failure_hooks`) sends every other worker a notice with its error
 (`Group.abort`), and a worker waiting in a collective raises gd.WorkerError naming that
-rank (and says it heard, so the failed one may leave). Under `graphdist launch` the
+rank. Every worker caught up in a failure says so as it leaves, and leaves only once the
+others have said it too (or after a few seconds): the first to leave through MPI Abort
+stops the whole job, and must not cut off another's report or traceback. Under `graphdist launch` the
 launcher (device/launcher.py) also tells the others, by SIGUSR1, of a worker that could not
 say so itself (killed by a signal). At a timeout the waiting worker asks the others where
 they are (a notice each live one answers from its own wait) and names, from its small
@@ -448,7 +450,6 @@ class Group:
         while (notice := self._next_notice()) is not None:
             if notice["kind"] == "abort":
                 self.blamed = notice["rank"]
-                self._notify({"kind": "heard"}, [notice["rank"]])   # it may leave now
                 self._fail(WorkerError(f"worker {notice['rank']} failed while worker "
                                        f"{self.rank} waited in {what}: {notice['error']}"))
             if notice["kind"] == "where":
@@ -519,7 +520,6 @@ class Group:
                 answers[notice["rank"]] = notice["recent"]
             elif notice["kind"] == "abort":
                 self.blamed = notice["rank"]
-                self._notify({"kind": "heard"}, [notice["rank"]])
                 return WorkerError(f"worker {notice['rank']} failed while worker {self.rank} "
                                    f"waited in {what}: {notice['error']}")
         mine = answers[self.rank][-1]
@@ -545,32 +545,37 @@ class Group:
 
     # ------------------------------------------------------------ leaving
     def leave(self, status: int, error_line: str) -> None:
-        """A failed worker's way out: report to the launcher, wait until the others have
-        received its notice, then MPI Abort (never MPI_Finalize, which waits for hung peers).
-        Once: MPI_Abort may return before the launcher stops this process, and the
-        interpreter's exit would come here again."""
+        """A failed worker's way out: report to the launcher, say it is leaving, wait until
+        the others caught up in the failure have said so too, then MPI Abort (never
+        MPI_Finalize, which waits for hung peers). Once: MPI_Abort may return before the
+        launcher stops this process, and the interpreter's exit would come here again."""
         if self._leaving:
             os._exit(status or 1)
         self._leaving = True
         _report_to_launcher(self, status, error_line)
         sys.stdout.flush()
         sys.stderr.flush()
-        self._until_heard(time.perf_counter() + _EXIT_GRACE_SECONDS)
+        self._notify({"kind": "leaving"})
+        self._until_others_leave(time.perf_counter() + _EXIT_GRACE_SECONDS)
         self.MPI.COMM_WORLD.Abort(status or 1)
         os._exit(status or 1)
 
-    def _until_heard(self, deadline: float) -> None:
-        """Wait until this worker's notices are sent, and, if it failed first, until every
-        other worker has said it heard (peers between steps hear it at their next
-        collective; the abort would kill them unnamed before). At most until `deadline`:
-        a dead or busy peer does not answer."""
-        waiting_for = set(range(self.size)) - {self.rank} if self._announced else set()
+    def _until_others_leave(self, deadline: float) -> None:
+        """Wait until this worker's notices are sent and, if it took part in a failure (it
+        failed first, or raised another's), until every other worker has said it is
+        leaving: MPI Abort stops every process of the job, so the first to call it would
+        otherwise cut off the others' reports and tracebacks (a peer between steps hears
+        of the failure at its next collective). At most until `deadline`: a dead, hung or
+        busy peer does not answer, and one the launcher saw die never will."""
+        waiting_for = set()
+        if self._announced or self.blamed is not None:
+            waiting_for = set(range(self.size)) - {self.rank}
+            if self._lost and isinstance(self.blamed, int):
+                waiting_for.discard(self.blamed)
         while time.perf_counter() < deadline:
             while (notice := self._next_notice()) is not None:
-                if notice["kind"] in ("heard", "abort"):     # heard it, or failed itself
+                if notice["kind"] == "leaving":
                     waiting_for.discard(notice["rank"])
-                if notice["kind"] == "abort":
-                    self._notify({"kind": "heard"}, [notice["rank"]])
             if not waiting_for and all(r.Test() for _, r in self._sent):
                 return
             time.sleep(1e-3)

@@ -1,5 +1,7 @@
 """Run under `mpiexec -n 2`: worker 1's step fails (an out-of-range label) on the second
-step; worker 0, waiting for it in the all-reduce, must raise gd.WorkerError naming it."""
+step; worker 0, waiting for it in the all-reduce, must raise gd.WorkerError naming it.
+Each takes half a second over its report after the error: the first to leave (through MPI
+Abort, which stops the whole job) must wait for the other's."""
 
 import json
 import os
@@ -27,8 +29,8 @@ except Exception as e:  # noqa: BLE001 - recorded for the test
     report["raised"] = type(e).__name__
     report["message"] = str(e)
 report["seconds"] = time.perf_counter() - start
+time.sleep(0.5)              # a slow report: the other worker must not stop this one
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(report, f)
 if report["raised"] and rank == 1:
-    time.sleep(1.0)          # let worker 0 write its report before mpiexec stops the job
     sys.exit(3)
