@@ -17,6 +17,7 @@ from graphdist.ir import Eqn, Graph, Lit, Var
 from graphdist.ops import OPS
 from graphdist.ops.array import reshape_p, split_p
 from graphdist.ops.host_collectives import host_all_reduce_p, host_reduce_update_p
+from graphdist.ops.overlap_collectives import collective_wait_p
 
 
 def _multi_forms() -> dict:
@@ -215,14 +216,16 @@ def _fused(reduce_eqn, updates: list, offsets: tuple) -> list:
 
 def _split_updates_by_bucket(g: Graph, source=host_all_reduce_p) -> Graph:
     """Cut each multi-tensor update whose gradients come from several host all-reduces (or
-    other `source` collectives: the reduce-scatters of zero_stage > 0) into one update per
-    collective (the tensors' updates are independent; order is kept)."""
+    other `source` collectives: the reduce-scatters of zero_stage > 0), or from the waits
+    of the buckets the overlap stage started early, into one update per collective (the
+    tensors' updates are independent; order is kept). The last bucket's all-reduce, left
+    inline by the overlap stage, can then be fused with its own part of the update."""
     producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
 
     def bucket_of(v):
         while isinstance(v, Var) and v in producer:
             e = g.eqns[producer[v]]
-            if e.op is source:
+            if e.op is source or e.op is collective_wait_p:
                 return producer[v]
             if e.op is not reshape_p and e.op is not split_p:
                 return None

@@ -122,7 +122,10 @@ def profile_report(trace: dict) -> dict:
     compute seconds (the time some node computed), collective seconds (the time some
     collective ran) and exposed collective seconds (collective time during which no compute
     ran: what communication added to the step), overall and per device; exposed_fraction =
-    exposed / collective. A run without step slices is one step.
+    exposed / collective. `overlapped_s` and `overlapped_exposed_s` count the collectives
+    started early alone (overlapped_exposed_fraction: how well the overlap hid the buckets
+    it could split; the rest of the collective time is the inline ones, such as the last
+    bucket). A run without step slices is one step.
 
     >>> report = gd.profile_report(step.profile(batch))
     >>> report["steps"][0]["exposed_s"], report["exposed_fraction"]
@@ -147,23 +150,40 @@ def profile_report(trace: dict) -> dict:
                 [e for e in inside if e["cat"] != "collective" and e["args"]["program"]
                  in programs] + [e for e in mine if e["cat"] == "collective"])
         rows.append(row)
-    collective = sum(r["collective_s"] for r in rows)
-    exposed = sum(r["exposed_s"] for r in rows)
-    return {"steps": rows, "compute_s": sum(r["compute_s"] for r in rows) / len(rows),
-            "collective_s": collective / len(rows), "exposed_s": exposed / len(rows),
-            "exposed_fraction": exposed / collective if collective else 0.0}
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in
+            ("compute_s", "collective_s", "exposed_s", "overlapped_s", "overlapped_exposed_s")}
+    return {"steps": rows, **mean,
+            "exposed_fraction": _fraction(mean["exposed_s"], mean["collective_s"]),
+            "overlapped_exposed_fraction": _fraction(mean["overlapped_exposed_s"],
+                                                     mean["overlapped_s"])}
+
+
+def _fraction(part: float, whole: float) -> float:
+    return part / whole if whole else 0.0
 
 
 def _times(events: list) -> dict:
-    """compute, collective and exposed seconds of events (microsecond ts/dur)."""
-    def spans(cat):
-        return _union((e["ts"], e["ts"] + e["dur"]) for e in events if e["cat"] == cat)
+    """compute, collective and exposed seconds of events (microsecond ts/dur), and the same
+    for the collectives started early (`args.overlapped`) alone: what the overlap stage
+    hid of the buckets it could split, apart from the inline ones (the last bucket, ready
+    when the backward pass ends, which nothing is left to hide)."""
+    def spans(keep):
+        return _union((e["ts"], e["ts"] + e["dur"]) for e in events if keep(e))
 
-    compute, collective = spans("compute"), spans("collective")
-    total = sum(b - a for a, b in collective)
-    hidden = sum(_overlap_length(s, compute) for s in collective)
+    compute = spans(lambda e: e["cat"] == "compute")
+
+    def total_and_exposed(keep):
+        collective = spans(lambda e: e["cat"] == "collective" and keep(e))
+        total = sum(b - a for a, b in collective)
+        hidden = sum(_overlap_length(s, compute) for s in collective)
+        return total * 1e-6, max(0.0, total - hidden) * 1e-6
+
+    collective_s, exposed_s = total_and_exposed(lambda e: True)
+    overlapped_s, overlapped_exposed_s = total_and_exposed(
+        lambda e: e.get("args", {}).get("overlapped", False))
     return {"compute_s": sum(b - a for a, b in compute) * 1e-6,
-            "collective_s": total * 1e-6, "exposed_s": max(0.0, total - hidden) * 1e-6}
+            "collective_s": collective_s, "exposed_s": exposed_s,
+            "overlapped_s": overlapped_s, "overlapped_exposed_s": overlapped_exposed_s}
 
 
 def write_trace(trace: dict, path) -> str:

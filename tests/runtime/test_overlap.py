@@ -134,8 +134,11 @@ def test_buckets_start_last_first_and_wait_before_their_first_reader(overlap_set
     sizes = [eqns[i].inputs[0].ty.size for i in starts]
     # reverse forward order, as each bucket's last gradient comes out of the backward pass
     assert sizes == [64 + 64 * 10 + 10, 64 * 64, 64]
-    assert [e.inputs[0].ty.size for e in eqns if e.op.collective and e.op is not
-            collective_wait_p and e.op is not host_all_reduce_start_p] == [32 * 64]
+    # the inline bucket is fused with its part of the update (the waited buckets' parts
+    # are cut off from it), as with overlap off: one pass over its gradients
+    assert [(e.op, e.inputs[0].ty.size) for e in eqns if e.op.collective and e.op is not
+            collective_wait_p and e.op is not host_all_reduce_start_p] == [
+        (host_reduce_update_p, 32 * 64)]
     matmuls = [i for i, e in enumerate(eqns) if e.op.name == "matmul"]
     assert starts[0] < matmuls[-1]           # it starts while the backward pass goes on
     for i in starts:
@@ -144,12 +147,15 @@ def test_buckets_start_last_first_and_wait_before_their_first_reader(overlap_set
                  and e.attrs["channel"] is channel)
         results = set(eqns[w].outputs)
         first_reader = next(k for k, e in enumerate(eqns) if results & set(e.inputs))
-        # as late as allowed: the run of waits it is in ends at its first reader, or at an
-        # inline collective (the last bucket's: every wait precedes it, so that workers
-        # issue their collectives in one order)
+        # as late as allowed: nothing of the backward pass runs between the wait and its
+        # first reader (only other waits, views, the updates' scalars and other buckets'
+        # updates); the inline last bucket's fused update comes after every wait, so that
+        # workers issue their collectives in one order
         assert i < w < first_reader
-        after = next(k for k in range(w, len(eqns)) if eqns[k].op is not collective_wait_p)
-        assert after == first_reader or eqns[after].op.collective
+        last_backward = max(k for k, e in enumerate(eqns) if e.op.name == "matmul")
+        assert w > last_backward
+        inline = next(k for k, e in enumerate(eqns) if e.op is host_reduce_update_p)
+        assert w < inline
 
 
 def test_profile_has_a_collective_lane_per_device_with_the_thread_times(overlap_setting):
@@ -197,6 +203,21 @@ def test_profile_report_counts_collective_time_no_compute_covers():
     assert second["exposed_s"] == pytest.approx(30e-6)
     assert report["exposed_fraction"] == pytest.approx(40 / 70)
     assert first["devices"]["cpu:0"]["exposed_s"] == pytest.approx(10e-6)
+
+
+def test_profile_report_tells_the_overlapped_collectives_from_the_inline_ones():
+    # compute 0-50; an overlapped collective 10-60 (hidden 10-50: 10 us exposed) and an
+    # inline one 70-90 (nothing covers it: all 20 us exposed)
+    overlapped = _event("collective", 10, 50)
+    overlapped["args"]["overlapped"] = True
+    trace = {"traceEvents": [_event("compute", 0, 50), overlapped,
+                             _event("collective", 70, 20)]}
+    report = gd.profile_report(trace)
+    assert report["collective_s"] == pytest.approx(70e-6)
+    assert report["exposed_s"] == pytest.approx(30e-6)
+    assert report["overlapped_s"] == pytest.approx(50e-6)
+    assert report["overlapped_exposed_s"] == pytest.approx(10e-6)
+    assert report["overlapped_exposed_fraction"] == pytest.approx(0.2)
 
 
 @needs_mpi
@@ -279,8 +300,9 @@ def test_html_view_marks_the_collectives_a_profile_found_exposed(overlap_setting
     index = {k: n.index for k, n in enumerate(read(graph).nodes)}
     assert marked and {index[k] for k in marked} == {n for n, ms in want.items() if ms > 0}
     for k, ms in marked.items():
-        # a start whose wait was not covered, or an inline all-reduce (all of it exposed)
-        assert graph.eqns[index[k]].op in (host_all_reduce_start_p, host_all_reduce_p)
+        # a start whose wait was not covered, or the inline last bucket fused with its
+        # update (all of it exposed)
+        assert graph.eqns[index[k]].op in (host_all_reduce_start_p, host_reduce_update_p)
         assert ms == pytest.approx(want[index[k]], abs=1e-4)
     page = (tmp_path / "step.html")
     graph.to_html(page, profile=trace)
