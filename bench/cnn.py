@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import graphdist as gd
-from bench.common import (own_process_rows, peer_python, run_peer, run_peer_rows, save, table,
+from bench.common import (fresh_process_rows, peer_python, run_peer, save, table,
                           unpinned_rerun, versus_best_peer, versus_text)
 from bench.models import graphdist_side_by_side, make_cnn_step
 from bench.peers.common import CNN_BATCH, cnn_data
@@ -103,6 +103,8 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of every fresh-process contender, in turn (median of medians)")
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
     if unpinned_rerun("bench.cnn", argv):
@@ -110,8 +112,8 @@ def main(argv=None) -> dict:
     t, diff = steps(args.repeat)
     base = t["graphdist 1 device"]["median_s"]
     entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
-    entry.update(own_process_rows("bench.peers.graphdist_cnn", base))
-    entry.update(run_peer_rows(PEERS, base, args.no_peers))
+    entry.update(fresh_process_rows("bench.peers.graphdist_cnn", PEERS, base, args.no_peers,
+                                    args.rounds))
     rows = [_row(name, r) for name, r in entry.items()]
     text = table(f"tutorial CNN, 28x28x1, global batch {CNN_BATCH}, Adam (median of "
                  f"{args.repeat}; max |param diff| 4 vs 1 device after 3 steps: {diff:.1e}; "

@@ -283,38 +283,57 @@ def missing_frameworks(python: str | None) -> dict:
     return {f: f"{f} is not installed in {python}" for f in missing}
 
 
-def run_peer_rows(peers, base: float, no_peers: bool = False, *args) -> dict:
-    """{name: result} of each (module, devices) in `peers` (bench/peers/ scripts run by the
-    peers' Python), `vs_graphdist_1` their median over `base`; a peer that did not run gets
-    a row that says why instead of a timing: `--no-peers`, not installed, or failed (its
+def fresh_process_rows(own: str | None, peers, base: float, no_peers: bool = False,
+                       rounds: int = 1) -> dict:
+    """{name: result} of graphdist's own script `own` (bench/peers/graphdist_*.py) on 1
+    device, on 4 devices and on 4 with an empty Numba cache (every kernel compiles), then of
+    each (module, devices) in `peers` (bench/peers/ scripts run by the peers' Python), each
+    in a fresh process, as the peers run. With `rounds` > 1 every contender runs once per
+    round, in turn, so that the shared VM's slow spells (whole seconds 15% slower) hit them
+    alike: a row's median is the median of its rounds' medians, its min the least, with
+    each round's median listed. `vs_graphdist_1` is the median over `base`. A peer that did
+    not run gets a row that says why instead: `--no-peers`, not installed, or failed (its
     error went to stderr)."""
+    import tempfile
+
     python = None if no_peers else peer_python()
     missing = missing_frameworks(python)
-    out = {}
+    runs = [(sys.executable, own, 1, False), (sys.executable, own, 4, False),
+            (sys.executable, own, 4, True)] if own else []
+    status = {}
     for module, devices in peers:
         script = module.rsplit(".", 1)[-1]
         label = f"{script} --devices {devices}"
         framework = FRAMEWORKS[script.split("_", 1)[0]]
         if no_peers:
-            out[label] = {"status": "not run (--no-peers)"}
+            status[label] = "not run (--no-peers)"
         elif framework in missing:
-            out[label] = {"status": f"not installed: {missing[framework]}"}
-        elif (r := run_peer(python, module, "--devices", str(devices), *args)) is None:
-            out[label] = {"status": "failed (its error is above, on stderr)"}
+            status[label] = f"not installed: {missing[framework]}"
         else:
-            out[r["peer"]] = {**r, "vs_graphdist_1": r["median_s"] / base}
-    return out
-
-
-def own_process_rows(own: str, base: float) -> dict:
-    """graphdist's own script `own` (bench/peers/graphdist_*.py) in fresh processes, as the
-    peers run: on 1 device, and (run_peers) on 4 devices, warm and on an empty Numba cache;
-    `vs_graphdist_1` their median over `base`."""
+            runs.append((python, module, devices, False))
+    got: dict = {run: [] for run in runs}
+    for _ in range(rounds):
+        for run in runs:
+            interpreter, module, devices, cold = run
+            with tempfile.TemporaryDirectory() as empty:
+                r = run_peer(interpreter, module, "--devices", str(devices),
+                             env_extra={"NUMBA_CACHE_DIR": empty, COLD: "1"} if cold else None)
+            if r:
+                got[run].append(r)
     out = {}
-    one = run_peer(sys.executable, own, "--devices", "1")
-    if one:
-        out[one["peer"]] = {**one, "vs_graphdist_1": one["median_s"] / base}
-    out.update(run_peers(own, [], base))
+    for run, results in got.items():
+        if not results:
+            if run[0] is python:
+                out[f"{run[1].rsplit('.', 1)[-1]} --devices {run[2]}"] = {
+                    "status": "failed (its error is above, on stderr)"}
+            continue
+        medians = [r["median_s"] for r in results]
+        row = {**results[0], "median_s": statistics.median(medians),
+               "min_s": min(r["min_s"] for r in results),
+               "first_call_s": statistics.median(r["first_call_s"] for r in results),
+               "rounds": len(results), "round_medians_s": medians}
+        out[row["peer"]] = {**row, "vs_graphdist_1": row["median_s"] / base}
+    out.update({label: {"status": text} for label, text in status.items()})
     return out
 
 

@@ -40,7 +40,7 @@ import sys
 import numpy as np
 
 import graphdist as gd
-from bench.common import (interleaved, own_process_rows, peer_python, run_peer, run_peer_rows,
+from bench.common import (fresh_process_rows, interleaved, peer_python, run_peer,
                           save, table, unpinned_rerun, versus_best_peer, versus_text)
 from bench.gpt import op_groups_table, op_profile
 from bench.models import make_gpt2_step, make_gpt_step
@@ -294,6 +294,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of every fresh-process contender, in turn (median of medians)")
     ap.add_argument("--replicas", type=int, default=0, metavar="PROFILES",
                     help="only what 4 replicas spend beyond 1 device, per group of ops, over "
                          "PROFILES profiled steps of each (printed, not saved)")
@@ -306,8 +308,8 @@ def main(argv=None) -> dict:
     t = graphdist_part(args.repeat)
     base = t[ONE]["median_s"]
     entry = {name: {**r, "vs_graphdist_1": r["median_s"] / base} for name, r in t.items()}
-    entry.update(own_process_rows("bench.peers.graphdist_gpt2", base))
-    entry.update(run_peer_rows(PEERS, base, args.no_peers))
+    entry.update(fresh_process_rows("bench.peers.graphdist_gpt2", PEERS, base, args.no_peers,
+                                    args.rounds))
     steps_text = steps_table(entry, args.repeat)
     groups, ops = op_profile(make=make_gpt2_step, data=gpt2_data)
     ran = "PyTorch eager" in entry              # torch_gpt2.py ran (so torch is installed)

@@ -25,7 +25,8 @@ def test_a_run_without_peers_saves_rows_that_say_why(tmp_path, monkeypatch):
     monkeypatch.setattr(cnn, "unpinned_rerun", lambda module, argv: False)
     monkeypatch.setattr(cnn, "steps", lambda repeat: (
         {"graphdist 1 device": {**TIMING, "losses": LOSSES}, cnn.DEFAULT: dict(TIMING)}, 1e-7))
-    monkeypatch.setattr(cnn, "own_process_rows", lambda *args: {})
+    monkeypatch.setattr(cnn, "fresh_process_rows",       # the peers only: no graphdist runs
+                        lambda own, *args: common.fresh_process_rows(None, *args))
     monkeypatch.setattr(cnn, "op_profile", lambda: {"conv2d": 9.0, "matmul": 2.0})
     monkeypatch.setattr(cnn, "sgemm_gflops", lambda: 400.0)
     monkeypatch.setattr(cnn, "conv_gflops", lambda batch: [("conv1", "forward", 1e-3, 100.0)])

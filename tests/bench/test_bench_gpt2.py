@@ -32,7 +32,7 @@ def _without_site_packages(tmp_path) -> str:
 def test_a_missing_framework_gets_a_not_installed_row(tmp_path, monkeypatch):
     bare = _without_site_packages(tmp_path)
     monkeypatch.setattr(common, "peer_python", lambda: bare)
-    rows = common.run_peer_rows(gpt2.PEERS, 0.03)
+    rows = common.fresh_process_rows(None, gpt2.PEERS, 0.03)
     assert list(rows) == ["jax_gpt2 --devices 1", "tf_gpt2 --devices 1",
                           "torch_gpt2 --devices 1", "jax_gpt2 --devices 4",
                           "tf_gpt2 --devices 4"]
@@ -43,10 +43,10 @@ def test_a_missing_framework_gets_a_not_installed_row(tmp_path, monkeypatch):
 
 def test_no_benchmark_environment_or_no_peers_says_so(monkeypatch):
     monkeypatch.setattr(common, "peer_python", lambda: None)
-    rows = common.run_peer_rows(gpt2.PEERS, 0.03)
+    rows = common.fresh_process_rows(None, gpt2.PEERS, 0.03)
     assert {r["status"] for r in rows.values()} == \
         {"not installed: no benchmark environment (.venv-bench: `make bench`)"}
-    rows = common.run_peer_rows(gpt2.PEERS, 0.03, True)
+    rows = common.fresh_process_rows(None, gpt2.PEERS, 0.03, True)
     assert {r["status"] for r in rows.values()} == {"not run (--no-peers)"}
 
 
@@ -55,7 +55,7 @@ def test_a_peer_that_fails_gets_a_failed_row(tmp_path, monkeypatch, capsys):
     broken = _script(tmp_path, "broken-python",
                      'case "$1" in -c) exit 0;; *) echo "peer exploded" >&2; exit 1;; esac')
     monkeypatch.setattr(common, "peer_python", lambda: broken)
-    rows = common.run_peer_rows([("bench.peers.jax_gpt2", 4)], 0.03)
+    rows = common.fresh_process_rows(None, [("bench.peers.jax_gpt2", 4)], 0.03)
     assert rows == {"jax_gpt2 --devices 4": {"status": "failed (its error is above, on "
                                                       "stderr)"}}
     assert "peer exploded" in capsys.readouterr().err
@@ -92,7 +92,8 @@ def test_a_run_without_peers_saves_its_table_json_and_plot(tmp_path, monkeypatch
     monkeypatch.setattr(gpt2, "SHAPE", (4, 8))
     monkeypatch.setattr(gpt2, "graphdist_part", lambda repeat: {
         gpt2.ONE: {**TIMING, "losses": LOSSES}, gpt2.DEFAULT: {**TIMING, "losses": LOSSES}})
-    monkeypatch.setattr(gpt2, "own_process_rows", lambda *args: {})
+    monkeypatch.setattr(gpt2, "fresh_process_rows",       # the peers only: no graphdist runs
+                        lambda own, *args: common.fresh_process_rows(None, *args))
     monkeypatch.setattr(gpt2, "op_profile", lambda **kwargs: ({"matmul/einsum": 20.0},
                                                               {"matmul": 20.0}))
     monkeypatch.setenv("BENCH_OUT", str(tmp_path))
@@ -147,3 +148,29 @@ def test_the_targets_compare_graphdist_with_the_fastest_peer_at_each_device_coun
     del entry["graphdist Mirrored x4 (own process)"]
     assert 4 not in common.versus_best_peer(entry)["fresh processes"]
     assert common.versus_best_peer({gpt2.ONE: row(0.03, 0.03)}) == {}
+
+
+def test_fresh_processes_run_in_turn_and_keep_the_median_of_their_rounds(monkeypatch):
+    calls = []
+    medians = {"own": iter([0.040, 0.030, 0.035]), "jax": iter([0.020, 0.050, 0.021])}
+
+    def fake_run(python, module, *args, env_extra=None):
+        name = "own" if module == "bench.peers.graphdist_gpt2" else "jax"
+        calls.append((name, args[1], bool(env_extra)))
+        if name == "own" and (args[1] != "4" or env_extra):
+            return None                  # only the warm 4-device run of graphdist here
+        m = next(medians[name])
+        return {"peer": name, "median_s": m, "min_s": m - 0.001, "first_call_s": 1.0}
+
+    monkeypatch.setattr(common, "peer_python", lambda: sys.executable)
+    monkeypatch.setattr(common, "missing_frameworks", lambda python: {})
+    monkeypatch.setattr(common, "run_peer", fake_run)
+    rows = common.fresh_process_rows("bench.peers.graphdist_gpt2",
+                                     [("bench.peers.jax_gpt2", 4)], 0.03, rounds=3)
+    one_round = [("own", "1", False), ("own", "4", False), ("own", "4", True),
+                 ("jax", "4", False)]
+    assert calls == one_round * 3                      # every contender once per round
+    assert rows["own"]["median_s"] == 0.035 and rows["own"]["min_s"] == pytest.approx(0.029)
+    assert rows["own"]["round_medians_s"] == [0.040, 0.030, 0.035]
+    assert rows["jax"]["median_s"] == 0.021 and rows["jax"]["rounds"] == 3
+    assert rows["jax"]["vs_graphdist_1"] == pytest.approx(0.7)
