@@ -48,7 +48,9 @@ def gemm_accumulate_ref(c, a, b):
 
 
 @functools.cache
-def _numpy_module_handle():
+def numpy_module_handle():
+    """numpy's compiled core as a ctypes library: dlsym on it also finds the symbols of the
+    BLAS numpy links (its bundled OpenBLAS), or None."""
     for name in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):
         try:
             return ctypes.CDLL(importlib.import_module(name).__file__)
@@ -61,7 +63,7 @@ def _numpy_module_handle():
 def _gemm(dtype: np.dtype):
     """(cblas ?gemm function, its integer type) for float32/float64, or None."""
     letter = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}.get(np.dtype(dtype))
-    handle = _numpy_module_handle()
+    handle = numpy_module_handle()
     if letter is None or handle is None:
         return None
     scalar = ctypes.c_float if letter == "s" else ctypes.c_double

@@ -29,12 +29,45 @@ if "OMP_WAIT_POLICY" not in os.environ:
 # and 33.2 -> 32.1, the tutorial CNN 22.4 -> 22.0 / 21.9 -> 21.3 (1 device) and 24.8 ->
 # 24.5 / 24.4 -> 23.9 (4 replicas); the GPT-2-style step on 1 device and the MLP within
 # 0.5% (4 was itself chosen against the default 28: the CNN step 53-55 -> 51 ms;
-# under a neighbour's load the two tie). Like OPENBLAS_CORETYPE below, only
-# effective when numpy has not been imported yet (import graphdist first); an explicit
-# setting wins.
+# under a neighbour's load the two tie). Set before numpy loads OpenBLAS, or after it
+# (_retime_loaded_openblas); an explicit setting wins.
 THREAD_TIMEOUT = "14"
-if "OPENBLAS_THREAD_TIMEOUT" not in os.environ and "numpy" not in sys.modules:
+NUMPY_FIRST = "numpy" in sys.modules    # OpenBLAS already loaded (see _retime_loaded_openblas)
+if "OPENBLAS_THREAD_TIMEOUT" not in os.environ and not NUMPY_FIRST:
     os.environ["OPENBLAS_THREAD_TIMEOUT"] = ENV_SET["OPENBLAS_THREAD_TIMEOUT"] = THREAD_TIMEOUT
+
+
+def _retime_loaded_openblas() -> bool:
+    """With numpy (so OpenBLAS) already loaded, set the thread timeout anyway: put it in the
+    environment, have OpenBLAS read its environment again (openblas_read_env) and stop its
+    worker threads (blas_thread_shutdown_, as it does before a fork): the next GEMM starts
+    them afresh with the new timeout. Those are exported functions of the OpenBLAS numpy
+    bundles; any other BLAS (or a missing symbol) leaves things as they are: False."""
+    import ctypes
+
+    from graphdist.kernels.gemm import numpy_module_handle
+
+    handle = numpy_module_handle()
+    try:
+        read_env, shutdown = handle.openblas_read_env, handle.blas_thread_shutdown_
+        timeout = handle.openblas_thread_timeout
+    except AttributeError:
+        return False
+    timeout.restype = ctypes.c_int
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = ENV_SET["OPENBLAS_THREAD_TIMEOUT"] = THREAD_TIMEOUT
+    read_env()
+    if timeout() != int(THREAD_TIMEOUT):       # it did not read it: undo
+        del os.environ["OPENBLAS_THREAD_TIMEOUT"], ENV_SET["OPENBLAS_THREAD_TIMEOUT"]
+        return False
+    shutdown()
+    return True
+
+
+# numpy first (as most scripts import it): measured before this existed, the tutorial CNN's
+# step ran 34 against 30.7 ms on 2 cores (OpenBLAS's threads spun after each GEMM)
+RETIMED = NUMPY_FIRST and "OPENBLAS_THREAD_TIMEOUT" not in os.environ \
+    and _retime_loaded_openblas()
+
 
 _AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 

@@ -71,3 +71,25 @@ def test_openblas_workers_spin_across_back_to_back_gemms_unless_told_otherwise()
     assert _timeout_after_import(env) == "14"
     env["OPENBLAS_THREAD_TIMEOUT"] = "9"                                 # explicit wins
     assert _timeout_after_import(env) == "9"
+
+
+def _timeout_after_numpy_then_graphdist(env: dict) -> list:
+    code = ("import ctypes, numpy as np\n"
+            "a = np.ones((300, 300)); a @ a                  # OpenBLAS's threads started\n"
+            "import graphdist, os\n"
+            "from graphdist.kernels.gemm import numpy_module_handle\n"
+            "read = numpy_module_handle().openblas_thread_timeout\n"
+            "read.restype = ctypes.c_int\n"
+            "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'), read(), (a @ a)[0, 0])\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    return done.stdout.split()
+
+
+def test_numpy_imported_first_gets_the_timeout_too():
+    # OpenBLAS already loaded: graphdist has it read its environment again and restart its
+    # threads (the next GEMM starts them with the new timeout), and GEMMs go on working
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    assert _timeout_after_numpy_then_graphdist(env) == ["14", "14", "300.0"]
+    env["OPENBLAS_THREAD_TIMEOUT"] = "9"                                 # explicit wins
+    assert _timeout_after_numpy_then_graphdist(env) == ["9", "9", "300.0"]
