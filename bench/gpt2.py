@@ -242,20 +242,29 @@ def _node_times(step, data) -> tuple[list, list, float]:
 
 
 def replicas_part(profiles: int, repeat: int) -> dict:
-    """The one-device step against 4 replicas (8 sequences each, run in turn by one
-    program): each node's least time over `profiles` profiled steps of each, the two
-    alternating, summed per group of ops; the rest of the profiled span (between nodes:
-    the program's own Python) as its own row; and both steps' wall times, interleaved."""
+    """The one-device step against 4 replicas (8 sequences each) run in turn by one program
+    (set_device_concurrency("sequential"): node times without the threads' contention):
+    each node's least time over `profiles` profiled steps of each, the two alternating,
+    summed per group of ops; the rest of the profiled span (between nodes: the program's
+    own Python) as its own row; then the wall times, interleaved, of the one-device step,
+    the 4 replicas in one program, and the 4 replicas a thread each (the default)."""
     batch = gpt2_data()
     steps = {}
-    for replicas in (1, 4):
+
+    def made(replicas, mode="auto"):
         strategy = gd.OneDeviceStrategy("cpu:0") if replicas == 1 else \
             gd.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
-        step, _ = make_gpt2_step(strategy)
-        data = batch if replicas == 1 else \
-            next(iter(strategy.experimental_distribute_dataset([batch])))
-        step(data)
-        steps[replicas] = (step, data)
+        gd.config.set_device_concurrency(mode)
+        try:
+            step, _ = make_gpt2_step(strategy)
+            data = batch if replicas == 1 else \
+                next(iter(strategy.experimental_distribute_dataset([batch])))
+            step(data)
+        finally:
+            gd.config.set_device_concurrency("auto")
+        return step, data
+
+    steps = {1: made(1), 4: made(4, "sequential")}
     least, names, spans = {}, {}, {1: [], 4: []}
     for _ in range(profiles + 2):                   # the first two of each: warm-up
         for replicas, (step, data) in steps.items():
@@ -276,12 +285,15 @@ def replicas_part(profiles: int, repeat: int) -> dict:
             for g, v in sorted(groups.items(), key=lambda kv: -(kv[1][4] - kv[1][1]))]
     rows.append(["sum", sum(r[1] for r in rows), sum(r[2] for r in rows),
                  *(sum(r[k] for r in rows) for k in (3, 4, 5))])
+    default = made(4)
     t = interleaved({ONE: lambda: steps[1][0](steps[1][1]),
-                     "graphdist Mirrored x4": lambda: steps[4][0](steps[4][1])}, repeat,
+                     "graphdist Mirrored x4, one program": lambda: steps[4][0](steps[4][1]),
+                     "graphdist Mirrored x4, a thread each (default)":
+                         lambda: default[0](default[1])}, repeat,
                     label="gpt2 1 device vs 4 replicas")
     walls = {k: (v["median_s"] * 1e3, v["min_s"] * 1e3) for k, v in t.items()}
-    table(f"GPT-2-style step, 1 device vs 4 replicas (summed): ms per group, each node's "
-          f"least of {profiles} profiled steps, alternating",
+    table(f"GPT-2-style step, 1 device vs 4 replicas in one program (summed): ms per group, "
+          f"each node's least of {profiles} profiled steps, alternating",
           ["group", "nodes x1", "nodes x4", "x1 ms", "x4 ms", "x4 - x1"], rows)
     wall = "wall, interleaved (median, min ms): " + "; ".join(
         f"{k} {a:.2f}, {b:.2f}" for k, (a, b) in walls.items())

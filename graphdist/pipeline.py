@@ -153,7 +153,11 @@ def replicated(graphs: list[Graph], strategy, shared_args=(),
         if merged is not None:
             merged.per_device = functools.partial(_per_device, graphs, strategy, "sequential")
             return merged
-    threads = mode == "threads" and all(b.threads for b in backends)
+    # "auto": a thread per device where every device's kind can run one (host memory) and
+    # the collectives stay in this process (docs/benchmarks.md, "A thread per device by
+    # default"); across MPI workers, and on GPUs, one program issues every device
+    threads = all(b.threads for b in backends) and (
+        mode == "threads" or mode == "auto" and not across)
     plan = _per_device(graphs, strategy, "threads" if threads else "sequential", stages)
     plan.on_failure = getattr(strategy, "_step_failed", None)
     return plan
@@ -176,6 +180,9 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
     # stay inline, and fuse_reduce_update folds them into the optimizer's update
     if config.overlap() and lowering_for(strategy.cross_device_ops).splits_to_overlap:
         passes.append(stage("overlap", overlap_collectives))
+    # (not with a thread per device: the fused node would run in the first device's thread
+    # on the others' buckets and parameters, handed over through channels; measured 1.4x
+    # the MLP's step, 1.07x the GPT-2-style one)
     if config.fused_kernels() and mode == "sequential" and host:
         passes.append(fuse_reduce_update)
         # zero_stage > 0: a bucket's reduce-scatter, sharded update and all-gather, one node

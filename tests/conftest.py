@@ -32,3 +32,14 @@ def inline_collectives():
     gd.config.set_overlap(False)
     yield
     gd.config.set_overlap(True)
+
+
+@pytest.fixture
+def one_program():
+    """The replicas on logical CPU devices as one program, device after device
+    (set_device_concurrency("sequential")), for tests of the fusions that read every
+    replica's buffers in one node (fuse_reduce_update, fuse_sharded_update); the default
+    gives each device a thread of its own."""
+    gd.config.set_device_concurrency("sequential")
+    yield
+    gd.config.set_device_concurrency("auto")

@@ -69,6 +69,7 @@ def test_summary_lists_parameters_gradients_slots_and_peak_activations(stage):
     assert "peak activations" in text
 
 
+@pytest.mark.usefixtures("one_program")
 def test_a_bucket_shared_by_cut_updates_counts_once():
     # the MLP's six parameters on 4 replicas, overlap off: the fused all-reduce + Adam
     # update comes in two nodes that both read the same bucket, which must count once

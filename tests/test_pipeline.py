@@ -42,11 +42,10 @@ def test_replicated_stages_in_order_each_valid_and_the_last_is_what_runs():
     step = _step(strategy)
     batch = _batch(strategy)
     stages = step.get_stages(batch)
-    # overlap (the default) splits the all-reduces with compute left behind them; the
-    # fused all-reduce + update takes those that stay inline
+    # overlap (the default) splits the all-reduces with compute left behind them; with a
+    # thread per device (the default on CPU devices) each device updates its own copy
     assert list(stages) == LOGICAL + ["replicate", "epilogues", "lower_collectives",
-                                      "overlap", "fuse_reduce_update", "fuse_sharded_update",
-                                      "fuse_elementwise", "schedule"]
+                                      "overlap", "fuse_elementwise", "schedule"]
     for name, g in stages.items():
         check(g, where=name)
     assert stages["schedule"] is step.replicated_graph
@@ -90,7 +89,7 @@ def test_merged_is_opt_in_and_its_stages_say_merge():
     assert default.replicated_graph.mode_note() == ""
 
 
-@pytest.mark.parametrize("mode, plan_mode", [("auto", "sequential"),
+@pytest.mark.parametrize("mode, plan_mode", [("auto", "threads"),
                                              ("sequential", "sequential"),
                                              ("threads", "threads")])
 def test_the_pipeline_decides_how_replicas_are_issued(mode, plan_mode):

@@ -27,8 +27,11 @@ from graphdist.runtime.streams import StreamOrder
 class Emitter:
     def __init__(self, g: Graph, plan: BufferPlan, backend: Backend, storage: dict,
                  imports: dict | None = None, exports: dict | None = None,
-                 events: list | None = None):
+                 events: list | None = None, replica_devices: tuple = ()):
         self.g = g
+        # the step's devices in replica order, where this program is one device's of several
+        # (a thread per device): the errors name a value's replica by them
+        self.replica_devices = replica_devices or g.devices
         self.plan = plan
         self.kernel_calls: list = []      # warmup.KernelCall of each kernel the program calls
         self.events = events              # profiling: (eqn index, start, end) per eqn run
@@ -170,7 +173,7 @@ class Emitter:
         """gd.config.check_numerics: after a node, a check of each float output (one
         reduction), given the inputs too, to say which were finite when one is not."""
         ins = "".join(f", {self.ref(v)}" for v in eqn.inputs)
-        devices, runs_on = self.g.devices, eqn.device or self.backend.device
+        devices, runs_on = self.replica_devices, eqn.device or self.backend.device
         for k, v in enumerate(eqn.outputs):
             if not is_float(v.ty.dtype):
                 continue

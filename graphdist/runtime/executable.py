@@ -5,6 +5,7 @@ through a Channel (an event and a slot)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -137,8 +138,7 @@ class MultiDeviceExecutable:
                          for d, device in enumerate(self.devices)]
         self.source = "\n\n".join(f"# ---- {dev}\n{p.source}"
                                   for dev, p in zip(self.devices, self.programs))
-        self.pool = ThreadPoolExecutor(max_workers=max(1, self.replicas - 1),
-                                       thread_name_prefix="graphdist-device")
+        self._pool, self._pool_pid = None, None
         self.threads = threads.share(self.replicas)
         self.mirrored = _mirrored(variables[r] for r in placed.variables)
 
@@ -164,7 +164,7 @@ class MultiDeviceExecutable:
                     devices=(device,))
         storage = {s: _storage(s, self.variables[v]) for s, v in zip(states, variables)}
         return lower(sub, backend_for(device), storage, imports=imports, exports=exports,
-                     events=[] if self.profile else None)
+                     events=[] if self.profile else None, replica_devices=self.devices)
 
     def _results_of(self, d: int) -> tuple:
         return self.returned[d]
@@ -176,6 +176,16 @@ class MultiDeviceExecutable:
 
     def _outputs_of(self, d: int) -> tuple:
         return self._results_of(d) + self._finals_of(d)
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The device threads, made anew in a forked child (which has none of its parent's
+        threads: work handed to the parent's pool would wait for ever)."""
+        if self._pool_pid != os.getpid():
+            self._pool = ThreadPoolExecutor(max_workers=max(1, self.replicas - 1),
+                                            thread_name_prefix="graphdist-device")
+            self._pool_pid = os.getpid()
+        return self._pool
 
     def _run_device(self, d: int, args):
         threads.set_numba_threads(self.threads)

@@ -183,6 +183,9 @@ def test_hierarchical_groups_and_copies():
 @pytest.mark.parametrize("parallel", [True, False])
 def test_host_all_reduce_is_one_node_and_no_copies(parallel, monkeypatch):
     monkeypatch.setitem(gd.config._state, "overlap", False)     # the inline node
+    # in one program, where every replica's bucket is in its arena (with a thread per
+    # device the others' buckets reach the first device's program through channels)
+    monkeypatch.setitem(gd.config._state, "device_concurrency", "sequential")
     monkeypatch.setattr(kernel_collectives, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
     g = _graph_of(cdo.HostAllReduce(), shape=(64, 100))   # 25 KiB: the kernel's buffers
     fused = [e for e in g.eqns if e.op.name == "host_all_reduce"]
@@ -268,6 +271,9 @@ def test_host_all_reduce_runs_in_place_on_dying_buckets_in_a_training_step(monke
     """Gradient buckets die at their all-reduce, so HostAllReduce writes each replica's result
     over its own bucket (one pass); the step still equals one device."""
     monkeypatch.setitem(gd.config._state, "overlap", False)     # the inline node
+    # in one program, where every replica's bucket is in its arena (with a thread per
+    # device the others' buckets reach the first device's program through channels)
+    monkeypatch.setitem(gd.config._state, "device_concurrency", "sequential")
     rng = np.random.default_rng(7)
     w0 = rng.standard_normal((64, 128)).astype(np.float32) * 0.1      # 32 KiB: arena-sized
     x = rng.standard_normal((16, 64)).astype(np.float32)

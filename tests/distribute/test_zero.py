@@ -362,6 +362,7 @@ def _fused_nodes(run) -> list:
     return [e for e in run.step.replicated_graph.eqns if e.op.name == FUSED]
 
 
+@pytest.mark.usefixtures("one_program")
 def test_the_fused_node_replaces_reduce_scatter_updates_and_all_gather():
     run = Run(1, "adam", 4).train(DATA[:1])
     (node,) = _fused_nodes(run)                       # w and b share one bucket
@@ -384,6 +385,7 @@ def test_the_fused_node_replaces_reduce_scatter_updates_and_all_gather():
 
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "adam", "adamw"])
 @pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.usefixtures("one_program")
 def test_the_fused_node_gives_the_unfused_bits(kind, n, unfused):
     fused = _trained(Run(1, kind, n))
     apart = unfused(1, kind, n)
@@ -420,6 +422,7 @@ def test_clipping_by_global_norm_keeps_the_reduce_scatter_apart(unfused):
                  exact=False)
 
 
+@pytest.mark.usefixtures("one_program")
 def test_many_members_split_into_nodes_of_at_most_16_tensors(unfused):
     shapes = [(3,), (2, 2), (5,), (1,), (7,)]
     rng = np.random.default_rng(5)
@@ -461,6 +464,7 @@ def test_many_members_split_into_nodes_of_at_most_16_tensors(unfused):
 
 @pytest.mark.parametrize("save,restore", [((1, 4), (0, 2)), ((0, 2), (1, 4)),
                                           ((1, 2), (1, 4))])
+@pytest.mark.usefixtures("one_program")
 def test_the_fused_node_saves_and_restores_whole_slots(tmp_path, save, restore, unfused):
     """Save after 2 steps, restore into another replica count and stage, train 2 more:
     with the fused node the same bits as with the nodes apart, and whole slots in the
@@ -537,6 +541,7 @@ def test_gather_writes_a_replica_s_chunk_into_a_planned_buffer():
         gather_p.out_impl(np, np.empty(4, np.float32), rows, np.int32(3))
 
 
+@pytest.mark.usefixtures("one_program")
 def test_the_simulator_knows_the_fused_node_s_lowering():
     # gd.simulate tells the lowering a step ran with by the fused nodes it made: a stage-1
     # step with nothing else collective is the host lowering's
@@ -547,6 +552,7 @@ def test_the_simulator_knows_the_fused_node_s_lowering():
     assert _lowering_of(run.step) == "host"
 
 
+@pytest.mark.usefixtures("one_program")
 def test_a_bucket_left_apart_leaves_the_graph_as_it_was():
     # LossScaleOptimizer reads the reduced shards: nothing to fuse, and the pass hands back
     # its input (the updates not even cut per bucket)

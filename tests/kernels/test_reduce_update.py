@@ -4,7 +4,9 @@ where nothing else reads the reduced gradient."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -125,17 +127,34 @@ def _model(strategy, make_opt):
     return step, ws
 
 
-def _train(mode, make_opt, steps=4):
-    gd.config.set_device_concurrency(mode)
+def _unfused():
+    """The pipeline without fuse_reduce_update: the all-reduce and the updates apart."""
+    from graphdist import pipeline
+
+    def fuse_reduce_update(g):
+        return g
+
+    return mock.patch.object(pipeline, "fuse_reduce_update", fuse_reduce_update)
+
+
+@contextlib.contextmanager
+def _one_program():
+    """Replicas as one program, where fuse_reduce_update runs (not with a thread each)."""
+    gd.config.set_device_concurrency("sequential")
     try:
+        yield
+    finally:
+        gd.config.set_device_concurrency("auto")
+
+
+def _train(fused, make_opt, steps=4):
+    with _one_program(), contextlib.nullcontext() if fused else _unfused():
         strategy = gd.MirroredStrategy(DEVICES)
         step, ws = _model(strategy, make_opt)
         rng = np.random.default_rng(1)
         data = [(rng.standard_normal((32, 8)).astype(np.float32),
                  rng.standard_normal((32, 4)).astype(np.float32)) for _ in range(steps)]
         losses = [step(b) for b in strategy.experimental_distribute_dataset(data)]
-    finally:
-        gd.config.set_device_concurrency("auto")
     return step, ws, losses
 
 
@@ -145,8 +164,8 @@ def _train(mode, make_opt, steps=4):
                                       lambda: gd.optimizers.AdamW(0.01, weight_decay=0.1)],
                          ids=["sgd", "momentum", "adam", "adamw"])
 def test_fused_training_matches_the_unfused_bit_for_bit(make_opt):
-    fused_step, fused_ws, fused_losses = _train("sequential", make_opt)
-    plain_step, plain_ws, plain_losses = _train("threads", make_opt)   # never fused
+    fused_step, fused_ws, fused_losses = _train(True, make_opt)
+    plain_step, plain_ws, plain_losses = _train(False, make_opt)
     assert any(e.op.name == "host_reduce_update" for e in fused_step.replicated_graph.eqns)
     assert not any(e.op.name == "host_reduce_update"
                    for e in plain_step.replicated_graph.eqns)
@@ -158,7 +177,7 @@ def test_fused_training_matches_the_unfused_bit_for_bit(make_opt):
 
 
 def test_not_fused_when_the_reduced_gradient_is_read_elsewhere():
-    step, _, _ = _train("threads", lambda: gd.optimizers.SGD(0.1, momentum=0.9), steps=1)
+    step, _, _ = _train(False, lambda: gd.optimizers.SGD(0.1, momentum=0.9), steps=1)
     placed = step.replicated_graph
     bucket = next(e for e in placed.eqns if e.op.name == "host_all_reduce"
                   and e.outputs[0].ty.size > 1)
@@ -169,9 +188,8 @@ def test_not_fused_when_the_reduced_gradient_is_read_elsewhere():
 
 
 def test_an_update_spread_over_several_buckets_is_fused_per_bucket():
-    def train(mode):
-        gd.config.set_device_concurrency(mode)
-        try:
+    def train(fused):
+        with _one_program(), contextlib.nullcontext() if fused else _unfused():
             strategy = gd.MirroredStrategy(DEVICES, bucket_bytes=300)   # several buckets
             step, ws = _model(strategy, lambda: gd.optimizers.Adam(0.01))
             rng = np.random.default_rng(2)
@@ -179,12 +197,10 @@ def test_an_update_spread_over_several_buckets_is_fused_per_bucket():
                      rng.standard_normal((32, 4)).astype(np.float32)) for _ in range(3)]
             for b in strategy.experimental_distribute_dataset(data):
                 step(b)
-        finally:
-            gd.config.set_device_concurrency("auto")
         return step, ws
 
-    fused_step, fused_ws = train("sequential")
-    plain_step, plain_ws = train("threads")
+    fused_step, fused_ws = train(True)
+    plain_step, plain_ws = train(False)
     buckets = sum(e.op.name == "host_all_reduce" and e.outputs[0].ty.size > 1
                   for e in plain_step.replicated_graph.eqns)
     nodes = [e for e in fused_step.replicated_graph.eqns if e.op.name == "host_reduce_update"]

@@ -759,6 +759,8 @@ def test_updates_are_bit_identical_to_the_kernel_specs(cls, kw, devices, fused, 
     from graphdist.kernels import adam, sgd
 
     monkeypatch.setitem(gd.config._state, "overlap", False)   # restored after the test
+    # the replicas as one program, where the fused all-reduce + update forms
+    monkeypatch.setitem(gd.config._state, "device_concurrency", "sequential")
 
     strategy = gd.MirroredStrategy(devices)
     rng = np.random.default_rng(5)

@@ -73,58 +73,70 @@ def test_fused_matches_unfused(name):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_one_fused_node_per_device_and_replicas_bit_identical():
+@pytest.mark.parametrize("mode", ["sequential", "threads"])
+def test_one_fused_node_per_device_and_replicas_bit_identical(mode):
+    """In one program the bucket's all-reduce and every replica's update are one node
+    (fuse_reduce_update), with the bits of the two apart; with a thread per device (the
+    default on CPU devices) each device runs its own update."""
     strategy = gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2", "cpu:3"])
-    step, ws = _model(strategy, OPTIMIZERS["adam"])
     x, y = _data()
     batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
-    for _ in range(3):
-        step(batch)
-    placed = step.replicated_graph
-    # run as one program (the default on CPU), the bucket's all-reduce and every replica's
-    # update are one node (fuse_reduce_update)
-    (node,) = [e for e in placed.eqns if e.op.name == "host_reduce_update"]
-    assert dict(node.params)["update"] == "adam_multi_update"
-    assert {v.device for v in node.outputs} == set(strategy.devices)
-    assert not any(e.op.name == "adam_multi_update" for e in placed.eqns)
-    for w in ws:
-        assert all(np.array_equal(w.values[0], c) for c in w.values[1:])
-    gd.config.set_device_concurrency("threads")    # a thread per device: one update each
-    try:
-        step, ws = _model(strategy, OPTIMIZERS["adam"])
-        step(batch)
-        fused = [e for e in step.replicated_graph.eqns if e.op.name == "adam_multi_update"]
-        assert sorted(e.device for e in fused) == list(strategy.devices)
-    finally:
-        gd.config.set_device_concurrency("auto")
-
-
-def test_many_replicas_split_the_fused_update_into_nodes_of_at_most_16_tensors():
-    """8 replicas x 4 tensors: two host_reduce_update nodes of 2 tensors each (the kernels
-    take tuples of up to 16 arrays), with the same bits as the all-reduce and the updates
-    apart (threads mode does not fuse them)."""
-    from graphdist.passes.fuse import MAX_TENSORS_PER_NODE
-
-    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(8)])
-    x, y = _data()
-    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
-    results = {}
-    for mode in ("auto", "threads"):
+    trained = {}
+    for fused in (True, False):
         gd.config.set_device_concurrency(mode)
+        gd.config.set_fused_kernels(fused)
         try:
             step, ws = _model(strategy, OPTIMIZERS["adam"])
             for _ in range(3):
                 step(batch)
         finally:
             gd.config.set_device_concurrency("auto")
+            gd.config.set_fused_kernels(True)
+        trained[fused] = ws
+        placed = step.replicated_graph
+        nodes = [e for e in placed.eqns if e.op.name == "host_reduce_update"]
+        updates = [e for e in placed.eqns if e.op.name == "adam_multi_update"]
+        if fused and mode == "sequential":
+            (node,) = nodes
+            assert dict(node.params)["update"] == "adam_multi_update"
+            assert {v.device for v in node.outputs} == set(strategy.devices)
+            assert not updates
+        elif fused:
+            assert not nodes and sorted(e.device for e in updates) == list(strategy.devices)
+        for w in ws:
+            assert all(np.array_equal(w.values[0], c) for c in w.values[1:])
+    for a, b in zip(trained[True], trained[False]):
+        np.testing.assert_array_equal(a.values[0], b.values[0])
+
+
+def test_many_replicas_split_the_fused_update_into_nodes_of_at_most_16_tensors():
+    """8 replicas x 4 tensors: two host_reduce_update nodes of 2 tensors each (the kernels
+    take tuples of up to 16 arrays), with the same bits as the all-reduce and the updates
+    apart (fused kernels off)."""
+    from graphdist.passes.fuse import MAX_TENSORS_PER_NODE
+
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(8)])
+    x, y = _data()
+    batch = next(iter(strategy.experimental_distribute_dataset([(x, y)])))
+    results = {}
+    for fused in (True, False):
+        gd.config.set_fused_kernels(fused)
+        gd.config.set_device_concurrency("sequential")      # one program: where it fuses
+        try:
+            step, ws = _model(strategy, OPTIMIZERS["adam"])
+            for _ in range(3):
+                step(batch)
+        finally:
+            gd.config.set_fused_kernels(True)
+            gd.config.set_device_concurrency("auto")
         nodes = [e for e in step.replicated_graph.eqns if e.op.name == "host_reduce_update"]
-        results[mode] = ([w.numpy() for w in ws], nodes)
-    nodes = results["auto"][1]
-    assert len(nodes) == 2 and not results["threads"][1]
+        results[fused] = ([w.numpy() for w in ws], nodes)
+    nodes = results[True][1]
+    assert len(nodes) == 2 and not results[False][1]
     assert all(dict(e.params)["n"] * 8 <= MAX_TENSORS_PER_NODE for e in nodes)
     assert sorted(o for e in nodes for o in dict(e.params)["offsets"]) == sorted(
         set(o for e in nodes for o in dict(e.params)["offsets"]))      # disjoint tensors
-    for a, b in zip(results["auto"][0], results["threads"][0]):
+    for a, b in zip(results[True][0], results[False][0]):
         np.testing.assert_array_equal(a, b)
 
 

@@ -108,6 +108,7 @@ def test_the_split_is_in_the_lowered_graph_and_off_turns_it_off(overlap_setting)
     assert host_all_reduce_start_p not in ops and collective_wait_p not in ops
 
 
+@pytest.mark.usefixtures("one_program")
 def test_a_bucket_with_nothing_left_to_hide_behind_stays_inline_and_fuses(overlap_setting):
     """One bucket holds every gradient (the default 25 MiB): it is ready only when the
     backward pass ends, so splitting it hides nothing; it stays inline, where the fused
@@ -122,6 +123,7 @@ def test_a_bucket_with_nothing_left_to_hide_behind_stays_inline_and_fuses(overla
     assert fused and len(fused) == sum(e.op is host_reduce_update_p for e in off)
 
 
+@pytest.mark.usefixtures("one_program")
 def test_buckets_start_last_first_and_wait_before_their_first_reader(overlap_setting):
     # 8 KiB buckets of the gradients in forward order (w0 8 KiB, w1 256 B, w2 16 KiB, then
     # w3, w4, w5 2.8 KiB together): [w0] [w1] [w2] [w3 w4 w5]; [w0] comes last out of the
@@ -280,6 +282,7 @@ def test_bench_overlap_reports_both_settings_per_device_count(tmp_path, monkeypa
     assert gd.config.overlap()    # the setting is restored
 
 
+@pytest.mark.usefixtures("one_program")
 def test_html_view_marks_the_collectives_a_profile_found_exposed(overlap_setting, tmp_path):
     from graphdist.viz.html import page_data
     from graphdist.viz.model import read

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from graphdist.ops.host_collectives import host_all_reduce_p
+from graphdist.ops.host_collectives import host_all_reduce_p, host_reduce_update_p
 from graphdist.runtime.overlap import collective_wait_p, host_all_reduce_start_p
 from overlap_builders import train_mlp
 
@@ -79,8 +79,9 @@ def test_threads_split_the_buckets_with_compute_behind_them(concurrency):
     assert [eqns[i].inputs[0].ty.size for i in starts] == [64 + 64 * 10 + 10, 64 * 64, 64]
     assert all(eqns[i].device == DEVICES[0] for i in starts)
     # the first bucket, ready last, stays inline (nothing to hide behind)
-    inline = [e for e in eqns if e.op is host_all_reduce_p]
-    assert [e.inputs[0].ty.size for e in inline] == [32 * 64]
+    inline = [e for e in eqns if e.op in (host_all_reduce_p, host_reduce_update_p)]
+    assert [(e.op, e.inputs[0].ty.size, e.device) for e in inline] == [
+        (host_all_reduce_p, 32 * 64, DEVICES[0])]
     mine = [i for i, e in enumerate(eqns) if e.device == DEVICES[0]]
     matmuls = [i for i in mine if eqns[i].op.name == "matmul"]
     assert starts[0] < matmuls[-1]       # device 0 computes on while it reduces

@@ -5,6 +5,8 @@ kernels off too (runtime/kernel_table.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from graphdist.device.gpu import CUDA_KERNELS
@@ -25,21 +27,30 @@ def host_all_reduce_cpu(outs, *xs, op):
 
         host_all_reduce_p.out_impl(np, outs, *xs, op=op)
         return
-    import numba
-
     from graphdist.kernels.reduce import all_reduce_cpu
 
-    # the other replicas wait for this node, so it may use every core, not one worker's share
+    with every_core():
+        all_reduce_cpu([np.ascontiguousarray(x) for x in xs], op, outs=outs)
+
+
+@contextlib.contextmanager
+def every_core():
+    """The other replicas wait for a collective node (with a thread per device it runs in
+    the first device's), so its kernel may use every core, not one worker's share (also
+    a decorator)."""
+    import numba
+
     before = numba.get_num_threads()
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     try:
-        all_reduce_cpu([np.ascontiguousarray(x) for x in xs], op, outs=outs)
+        yield
     finally:
         numba.set_num_threads(before)
 
 
 @register_kernel("host_reduce_update", kind="cpu", numpy=numpy_updates.reduce_update,
                  exact=True)
+@every_core()
 def reduce_update_cpu(*ins, update, reduce, offsets, replicas, n, **params):
     """The fused all-reduce + every replica's optimizer update (updated in place)."""
     from graphdist.kernels.formulas import AdamHyper, MomentumHyper, SGDHyper
@@ -72,6 +83,7 @@ def nccl_all_reduce_gpu(outs, *xs, op, devices):
 
 @register_kernel("host_reduce_scatter_update_all_gather", kind="cpu",
                  numpy=numpy_updates.sharded_update, exact=True)
+@every_core()
 def sharded_update_cpu(*ins, update, reduce, replicas, width, offsets, lengths, n, variables,
                        members, **params):
     """The fused reduce-scatter + each replica's update of its shard + all-gather of the
