@@ -118,8 +118,9 @@ def main() -> None:
 
     yf = 1.85
     box(ax, cx, yf, 6.9, 0.9, "overlap, fuse_reduce_update, fuse_sharded_update",
-        "early buckets start + wait; the last all-reduce (or a ZeRO bucket's\n"
-        "reduce-scatter + update + all-gather) fused with the update in one pass", PLACED)
+        "early buckets start + wait; replicas in one program: the last all-reduce\n"
+        "(or a ZeRO bucket's reduce-scatter + update + all-gather) fused with the update",
+        PLACED)
     side(ax, yf, "passes/overlap.py,\nfuse.py, fuse_zero.py")
     arrow(ax, (cx, yl - 0.47), (cx, yf + 0.47))
 
@@ -137,8 +138,8 @@ def main() -> None:
     arrow(ax, (cx, yx - 0.37), (cx, ys + 0.32))
 
     yr = -1.6
-    box(ax, cx, yr, 7.0, 0.7, "runtime: lower to a generated program, run it",
-        "kernels from runtime/kernel_table.py; numpy (cpu:N) or CuPy (gpu:N) buffers",
+    box(ax, cx, yr, 7.0, 0.7, "runtime: lower to generated programs, run them",
+        "a thread per logical CPU device (default) or one program; numpy or CuPy buffers",
         OUTSIDE, stage=False)
     side(ax, yr, "runtime/")
     arrow(ax, (cx, ys - 0.32), (cx, yr + 0.37))
