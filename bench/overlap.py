@@ -2,10 +2,10 @@
 exist and waited for at its first reader (gd.config.set_overlap(True), the default) against
 every all-reduce inline where the step computed it (False), side by side in one run:
 
-- "logical": 4 logical CPU devices run as one program (the host all-reduce on the
-  program's communication thread);
-- "threads": the same 4 devices with a thread each (`set_device_concurrency("threads")`:
-  the all-reduce on the communication thread of the first device's program);
+- "logical": 4 logical CPU devices run as one program (`set_device_concurrency(
+  "sequential")`: the host all-reduce on the program's communication thread);
+- "threads": the same 4 devices with a thread each (the default: the all-reduce on the
+  communication thread of the first device's program);
 - "mpi": 2 MPI workers x 1 device (`mpiexec -n 2`, the MPI all-reduce posted early and
   waited for; each sample the slower rank's time, a barrier before each);
 - "gpu" (`--gpu`): 4 logical GPUs (the NCCL all-reduce on each device's communication
@@ -49,7 +49,8 @@ from graphdist.runtime import warmup
 
 MODELS = ("mlp", "gpt", "tiny")
 SETUPS = ("logical", "threads", "mpi", "gpu")
-TITLES = {"logical": "4 logical devices", "threads": "4 logical devices, a thread each",
+TITLES = {"logical": "4 logical devices, one program",
+          "threads": "4 logical devices, a thread each (default)",
           "mpi": "2 MPI workers", "gpu": "4 logical GPUs"}
 TINY = (32, 32, 32, 10)
 
@@ -130,7 +131,7 @@ def _measure(model: str, strategy, batch, steps: int, profile_steps: int, barrie
     return out
 
 
-def logical(model: str, args, concurrency: str = "auto") -> dict:
+def logical(model: str, args, concurrency: str = "sequential") -> dict:
     strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])
     strategy.bucket_bytes = int(args.bucket_mib * 2**20)
     batch = next(iter(strategy.experimental_distribute_dataset([_data(model)])))
