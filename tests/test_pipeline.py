@@ -105,3 +105,19 @@ def test_the_pipeline_decides_how_replicas_are_issued(mode, plan_mode):
     # fused into the update with overlap off, in one program)
     ops = {e.op.name for e in step.replicated_graph.eqns}
     assert "host_all_reduce_start" in ops
+
+
+def test_sharded_optimizer_state_keeps_one_program_by_default():
+    """zero_stage > 0: the reduce-scatter, the shard updates and the all-gather fuse into
+    one node only in one program, so "auto" keeps one there (a thread per device
+    otherwise); "threads" still gives a thread each."""
+    for stage, mode, plan_mode in ((1, "auto", "sequential"), (0, "auto", "threads"),
+                                   (1, "threads", "threads")):
+        strategy = gd.MirroredStrategy(DEVICES[:2], zero_stage=stage)
+        gd.config.set_device_concurrency(mode)
+        try:
+            step = _step(strategy)
+            step(_batch(strategy))
+        finally:
+            gd.config.set_device_concurrency("auto")
+        assert step._latest().plan.mode == plan_mode, (stage, mode)
