@@ -89,11 +89,13 @@ def test_merged_is_opt_in_and_its_stages_say_merge():
     assert default.replicated_graph.mode_note() == ""
 
 
-@pytest.mark.parametrize("mode, plan_mode", [("auto", "threads"),
-                                             ("sequential", "sequential"),
-                                             ("threads", "threads")])
-def test_the_pipeline_decides_how_replicas_are_issued(mode, plan_mode):
-    strategy = gd.MirroredStrategy(DEVICES[:2])
+@pytest.mark.parametrize("mode, zero_stage, plan_mode", [
+    ("auto", 0, "threads"), ("sequential", 0, "sequential"), ("threads", 0, "threads"),
+    # sharded optimizer state: its reduce-scatter, shard updates and all-gather fuse into
+    # one node only in one program, so "auto" keeps one there
+    ("auto", 1, "sequential"), ("threads", 1, "threads")])
+def test_the_pipeline_decides_how_replicas_are_issued(mode, zero_stage, plan_mode):
+    strategy = gd.MirroredStrategy(DEVICES[:2], zero_stage=zero_stage)
     gd.config.set_device_concurrency(mode)
     try:
         step = _step(strategy)
@@ -101,23 +103,7 @@ def test_the_pipeline_decides_how_replicas_are_issued(mode, plan_mode):
     finally:
         gd.config.set_device_concurrency("auto")
     assert step._latest().plan.mode == plan_mode
-    # one program or a thread per device: the all-reduce overlapped (a start and a wait;
-    # fused into the update with overlap off, in one program)
+    # one program or a thread per device: the loss's all-reduce overlapped (a start and a
+    # wait)
     ops = {e.op.name for e in step.replicated_graph.eqns}
     assert "host_all_reduce_start" in ops
-
-
-def test_sharded_optimizer_state_keeps_one_program_by_default():
-    """zero_stage > 0: the reduce-scatter, the shard updates and the all-gather fuse into
-    one node only in one program, so "auto" keeps one there (a thread per device
-    otherwise); "threads" still gives a thread each."""
-    for stage, mode, plan_mode in ((1, "auto", "sequential"), (0, "auto", "threads"),
-                                   (1, "threads", "threads")):
-        strategy = gd.MirroredStrategy(DEVICES[:2], zero_stage=stage)
-        gd.config.set_device_concurrency(mode)
-        try:
-            step = _step(strategy)
-            step(_batch(strategy))
-        finally:
-            gd.config.set_device_concurrency("auto")
-        assert step._latest().plan.mode == plan_mode, (stage, mode)
