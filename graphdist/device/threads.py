@@ -179,3 +179,42 @@ def set_numba_threads(n: int) -> None:
 
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     _local.numba = n
+
+
+# ---------------------------------------------------------------- a batch split over the cores
+_split_pool: list = [None, None]      # (the process that made it, the pool)
+
+# below this many bytes of output a batch is not split: the hand-off costs more than it saves
+SPLIT_MIN_BYTES = 1 << 20
+
+
+def split_batch(n: int, run, out_bytes: int) -> None:
+    """run(part) over the `n` items of a batch (part: a slice of them): in one call, or,
+    where the caller has every core's BLAS threads (one program: not a device worker of a
+    thread-per-device step, which has its share) and the output is large, in one part per
+    core, each on a thread of its own with one BLAS thread. A convolution's im2col copies
+    and epilogues, single-threaded numpy or Numba passes between its GEMMs, then keep every
+    core busy (the tutorial CNN's second conv2d + bias + relu, batch 256: 7.5 -> 3.4 ms on
+    2 cores). `run` must compute each item's result as the whole call does (rows of a GEMM
+    do not depend on the others): the same bits either way."""
+    every = cores()
+    k = min(n, every)
+    if k < 2 or out_bytes < SPLIT_MIN_BYTES or (_blas_now[0] or every) < every:
+        run(slice(0, n))
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _split_pool[0] != os.getpid():          # none yet, or a forked child's copy
+        _split_pool[:] = [os.getpid(), ThreadPoolExecutor(every - 1,
+                                                          thread_name_prefix="graphdist-split")]
+    bounds = [n * i // k for i in range(k + 1)]
+    parts = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    before = _blas_now[0]
+    set_blas_threads(1)
+    try:
+        futures = [_split_pool[1].submit(run, part) for part in parts[1:]]
+        run(parts[0])
+        for f in futures:
+            f.result()
+    finally:
+        set_blas_threads(before)

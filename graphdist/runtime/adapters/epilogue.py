@@ -48,7 +48,16 @@ def _forms(twin: bool):
     return EpilogueForms(bias_act, gelu, relu_grad_sum)
 
 
-def _adapters(op_name: str, runner: str) -> tuple:
+def _outputs_of(outs) -> tuple:
+    return outs if isinstance(outs, tuple) else (outs,)
+
+
+def _part_of(outs, part):
+    """The outputs' rows of `part` of the batch, in the form the op's out-form takes."""
+    return tuple(o[part] for o in outs) if isinstance(outs, tuple) else outs[part]
+
+
+def _adapters(op_name: str, runner: str, by_images: bool = False) -> tuple:
     """(kernel form, numpy twin) of `op_name`: ops/epilogue.py `runner` with the Numba
     forms or their twins (each made on first call: importing this loads no Numba)."""
     made: dict = {}
@@ -58,6 +67,14 @@ def _adapters(op_name: str, runner: str) -> tuple:
             if twin not in made:
                 made[twin] = _forms(twin)
             fn = getattr(importlib.import_module("graphdist.ops.epilogue"), runner)
+            if by_images:        # each image's rows on their own: split over the cores
+                from graphdist.device.threads import split_batch
+
+                first = outs[0] if isinstance(outs, tuple) else outs
+                split_batch(first.shape[0], lambda part: fn(
+                    np, _part_of(outs, part), ins[0][part], *ins[1:], forms=made[twin],
+                    **params), sum(o.nbytes for o in _outputs_of(outs)))
+                return
             fn(np, outs, *ins, forms=made[twin], **params)
 
         run.__name__ = run.__qualname__ = f"{op_name}_{'numpy' if twin else 'cpu'}"
@@ -66,9 +83,9 @@ def _adapters(op_name: str, runner: str) -> tuple:
     return with_forms(False), with_forms(True)
 
 
-for _op, _runner in (("matmul_bias_act", "matmul_bias_act_out"),
-                     ("conv2d_bias_act", "conv2d_bias_act_out"),
-                     ("relu_grad_bias_sum", "relu_grad_bias_sum_out")):
-    _kernel, _twin = _adapters(_op, _runner)
+for _op, _runner, _by_images in (("matmul_bias_act", "matmul_bias_act_out", False),
+                                 ("conv2d_bias_act", "conv2d_bias_act_out", True),
+                                 ("relu_grad_bias_sum", "relu_grad_bias_sum_out", False)):
+    _kernel, _twin = _adapters(_op, _runner, _by_images)
     register_kernel(_op, kind="cpu", out=True, numpy=_twin, exact=True)(_kernel)
 

@@ -4,6 +4,7 @@ softmax). Each falls back to the op's numpy impl for operands its kernel refuses
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import numpy as np
@@ -65,14 +66,31 @@ def max_pool2d_grad_cpu(dx, x, y, dy, *, ksize, strides, padding):
     max_pool_grad_cpu(x, y, dy, dx, ksize, strides, (pads[0][0], pads[1][0]))
 
 
-@register_kernel("conv2d_backprop_input", kind="cpu", out=True, numpy=OP_IMPL, exact=True)
-def conv2d_backprop_input_cpu(dx, dy, f, **params):
-    """One GEMM into columns per chunk of images, then a parallel Numba col2im (numpy: a
-    strided add over dx per window tap, same bits)."""
-    from graphdist.kernels.conv import col2im_cpu
+def _input_grad_split(dx, dy, f, col2im, params) -> None:
+    """conv2d_backprop_input into dx with the batch split over the cores where the caller
+    has them all (device/threads.py split_batch); the kernel and its twin split alike, so
+    they give the same bits (a split moves the GEMMs' row blocks: its bits are its own)."""
+    from graphdist.device.threads import split_batch
     from graphdist.ops.conv import input_grad_by_columns
 
-    input_grad_by_columns(np, dx, dy, f, col2im=col2im_cpu, **params)
+    split_batch(dy.shape[0], lambda part: input_grad_by_columns(
+        np, dx[part], dy[part], f, col2im=col2im, **params), dx.nbytes)
+
+
+def _input_grad_numpy(dx, dy, f, **params):
+    from graphdist.ops.conv import col2im_numpy
+
+    _input_grad_split(dx, dy, f, functools.partial(col2im_numpy, np), params)
+
+
+@register_kernel("conv2d_backprop_input", kind="cpu", out=True, numpy=_input_grad_numpy,
+                 exact=True)
+def conv2d_backprop_input_cpu(dx, dy, f, **params):
+    """One GEMM into columns per chunk of images, then a parallel Numba col2im (its twin:
+    numpy's strided add over dx per window tap, same bits)."""
+    from graphdist.kernels.conv import col2im_cpu
+
+    _input_grad_split(dx, dy, f, col2im_cpu, params)
 
 
 # ---------------------------------------------------------------- transformer blocks
