@@ -188,29 +188,36 @@ _split_pool: list = [None, None]      # (the process that made it, the pool)
 SPLIT_MIN_BYTES = 1 << 20
 
 
-def split_batch(n: int, run, out_bytes: int) -> None:
+def split_batch(n: int, run, out_bytes: int, parts: int | None = None) -> None:
     """run(part) over the `n` items of a batch (part: a slice of them): in one call, or,
     where the caller has every core's BLAS threads (one program: not a device worker of a
     thread-per-device step, which has its share) and the output is large, in one part per
-    core, each on a thread of its own with one BLAS thread. A convolution's im2col copies
+    core, each on a thread of its own with its share of the BLAS threads. A convolution's im2col copies
     and epilogues, single-threaded numpy or Numba passes between its GEMMs, then keep every
     core busy (the tutorial CNN's second conv2d + bias + relu, batch 256: 7.5 -> 3.4 ms on
     2 cores). `run` must compute each item's result as the whole call does (rows of a GEMM
-    do not depend on the others): the same bits either way."""
+    do not depend on the others). `parts`: that many parts, whatever the cores (run one
+    after another on one core): for a result summed over the parts, whose bits must then
+    not depend on the machine."""
     every = cores()
-    k = min(n, every)
+    k = min(n, parts or every)
     if k < 2 or out_bytes < SPLIT_MIN_BYTES or (_blas_now[0] or every) < every:
         run(slice(0, n))
+        return
+    bounds = [n * i // k for i in range(k + 1)]
+    pieces = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    if every < 2:
+        for piece in pieces:
+            run(piece)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     if _split_pool[0] != os.getpid():          # none yet, or a forked child's copy
         _split_pool[:] = [os.getpid(), ThreadPoolExecutor(every - 1,
                                                           thread_name_prefix="graphdist-split")]
-    bounds = [n * i // k for i in range(k + 1)]
-    parts = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    parts = pieces
     before = _blas_now[0]
-    set_blas_threads(1)
+    set_blas_threads(max(1, every // len(parts)))
     try:
         futures = [_split_pool[1].submit(run, part) for part in parts[1:]]
         run(parts[0])

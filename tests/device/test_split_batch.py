@@ -97,3 +97,35 @@ def test_the_convolutions_split_give_their_twins_bits_and_the_whole_s_values(
     monkeypatch.setattr(threads, "SPLIT_MIN_BYTES", 1 << 62)          # never split
     for a, b in zip(split, _run(name, ins, params)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
+def test_the_filter_gradient_sums_fixed_parts_whatever_runs_them(two_cores, monkeypatch):
+    """A sum over the batch: split, always FILTER_GRAD_PARTS parts added in order, so the
+    bits are the same on threads of their own or one after another (one core); a
+    thread-per-device worker, which has its share of the cores, runs it whole; the values
+    are the whole batch's to float32 rounding. One input channel: never split."""
+    from graphdist.runtime.adapters.nn import conv2d_backprop_filter_parts
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((9, 13, 13, 32)).astype(np.float32)
+    dy = rng.standard_normal((9, 11, 11, 16)).astype(np.float32)
+    params = {**CONV, "filter_size": (3, 3)}
+    (concurrent,) = _run("conv2d_backprop_filter", (x, dy), params)
+    from graphdist.ops.conv import conv2d_backprop_filter_p
+
+    whole = conv2d_backprop_filter_p.impl(np, x, dy, **params)
+    threads.set_blas_threads(1)                       # a worker's share: whole
+    np.testing.assert_array_equal(_run("conv2d_backprop_filter", (x, dy), params)[0],
+                                  conv2d_backprop_filter_p.impl(np, x, dy, **params))
+    monkeypatch.setattr(threads, "cores", lambda: 1)  # one core: the parts in turn
+    threads.set_blas_threads(None)
+    (one_core,) = _run("conv2d_backprop_filter", (x, dy), params)
+    np.testing.assert_array_equal(concurrent, one_core)
+    np.testing.assert_allclose(concurrent, whole, rtol=1e-5, atol=1e-3)
+    halves = [conv2d_backprop_filter_p.impl(np, x[s], dy[s], **params)
+              for s in (slice(0, 4), slice(4, 9))]
+    np.testing.assert_array_equal(concurrent, halves[0] + halves[1])
+    one = x[..., :1].copy()                            # one input channel: not split
+    out = np.empty((3, 3, 1, 16), np.float32)
+    conv2d_backprop_filter_parts(out, one, dy, **params)
+    np.testing.assert_array_equal(out, conv2d_backprop_filter_p.impl(np, one, dy, **params))
