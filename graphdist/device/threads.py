@@ -181,8 +181,30 @@ def set_numba_threads(n: int) -> None:
     _local.numba = n
 
 
+# ---------------------------------------------------------------- thread pools
+class ForkSafePool:
+    """A ThreadPoolExecutor made on first use, and made anew in a forked child: the child
+    has the parent's pool but none of its threads, so work handed to it would wait for
+    ever. The device threads of a thread-per-device step, a program's communication
+    thread and the parts of a split batch all run on one."""
+
+    def __init__(self, workers: int, name: str):
+        self.workers, self.name = max(1, workers), name
+        self._pool, self._pid = None, None
+        self._lock = threading.Lock()
+
+    def submit(self, fn, *args):
+        with self._lock:
+            if self._pid != os.getpid():
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=self.name)
+                self._pid = os.getpid()
+        return self._pool.submit(fn, *args)
+
+
 # ---------------------------------------------------------------- a batch split over the cores
-_split_pool: list = [None, None]      # (the process that made it, the pool)
+_split_pool: list = []                 # the ForkSafePool of the parts, once needed
 
 # below this many bytes of output a batch is not split: the hand-off costs more than it saves
 SPLIT_MIN_BYTES = 1 << 20
@@ -210,17 +232,13 @@ def split_batch(n: int, run, out_bytes: int, parts: int | None = None) -> None:
         for piece in pieces:
             run(piece)
         return
-    from concurrent.futures import ThreadPoolExecutor
-
-    if _split_pool[0] != os.getpid():          # none yet, or a forked child's copy
-        _split_pool[:] = [os.getpid(), ThreadPoolExecutor(every - 1,
-                                                          thread_name_prefix="graphdist-split")]
-    parts = pieces
+    if not _split_pool:
+        _split_pool.append(ForkSafePool(every - 1, "graphdist-split"))
     before = _blas_now[0]
-    set_blas_threads(max(1, every // len(parts)))
+    set_blas_threads(max(1, every // len(pieces)))
     try:
-        futures = [_split_pool[1].submit(run, part) for part in parts[1:]]
-        run(parts[0])
+        futures = [_split_pool[0].submit(run, piece) for piece in pieces[1:]]
+        run(pieces[0])
         for f in futures:
             f.result()
     finally:

@@ -39,7 +39,6 @@ class CommLane:
 
     def __init__(self):
         self.pool = None
-        self.pid = None
 
 
 class Channel:

@@ -5,9 +5,7 @@ through a Channel (an event and a slot)."""
 
 from __future__ import annotations
 
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from graphdist import config
 from graphdist.errors import WorkerError
@@ -138,7 +136,7 @@ class MultiDeviceExecutable:
                          for d, device in enumerate(self.devices)]
         self.source = "\n\n".join(f"# ---- {dev}\n{p.source}"
                                   for dev, p in zip(self.devices, self.programs))
-        self._pool, self._pool_pid = None, None
+        self.pool = threads.ForkSafePool(self.replicas - 1, "graphdist-device")
         self.threads = threads.share(self.replicas)
         self.mirrored = _mirrored(variables[r] for r in placed.variables)
 
@@ -176,16 +174,6 @@ class MultiDeviceExecutable:
 
     def _outputs_of(self, d: int) -> tuple:
         return self._results_of(d) + self._finals_of(d)
-
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        """The device threads, made anew in a forked child (which has none of its parent's
-        threads: work handed to the parent's pool would wait for ever)."""
-        if self._pool_pid != os.getpid():
-            self._pool = ThreadPoolExecutor(max_workers=max(1, self.replicas - 1),
-                                            thread_name_prefix="graphdist-device")
-            self._pool_pid = os.getpid()
-        return self._pool
 
     def _run_device(self, d: int, args):
         threads.set_numba_threads(self.threads)

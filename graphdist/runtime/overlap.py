@@ -19,13 +19,12 @@ device's collectives lane (runtime/profile.py); a GPU run's are read from CUDA e
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from graphdist.device import threads
 from graphdist.device.backends import backend_for
 from graphdist.ir.types import ArrayType
 from graphdist.ops.mpi_collectives import mpi_all_reduce_p, mpi_reduce_scatter_p, \
@@ -41,12 +40,10 @@ _lock = threading.Lock()
 
 
 def _submit(lane: CommLane, fn):
-    """Run fn on the lane's single thread (FIFO). A forked child has the parent's pool but
-    not its thread: it starts its own."""
+    """Run fn on the lane's single thread (FIFO; a forked child starts its own)."""
     with _lock:
-        if lane.pool is None or lane.pid != os.getpid():
-            lane.pool = ThreadPoolExecutor(1, thread_name_prefix="graphdist-comm")
-            lane.pid = os.getpid()
+        if lane.pool is None:
+            lane.pool = threads.ForkSafePool(1, "graphdist-comm")
     return lane.pool.submit(fn)
 
 
