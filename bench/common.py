@@ -147,10 +147,10 @@ def set_output(save: bool = False, out=None) -> None:
     os.environ["BENCH_SAVE"] = "1" if save else "0"
 
 
-def result_path(name: str) -> Path:
-    """results/NAME.json (NAME-TAG.json when $BENCH_TAG is set, e.g. "avx512") with
+def result_path(name: str, tag: str | None = None) -> Path:
+    """results/NAME.json (NAME-TAG.json with a `tag` or $BENCH_TAG, e.g. "avx512") with
     $BENCH_SAVE=1; NAME.json in $BENCH_OUT; else results/runs/NAME-<date-time>.json."""
-    tag = os.environ.get("BENCH_TAG")
+    tag = tag or os.environ.get("BENCH_TAG")
     stem = f"{name}{'-' + tag if tag else ''}"
     if os.environ.get("BENCH_OUT"):
         return Path(os.environ["BENCH_OUT"]) / f"{stem}.json"
@@ -159,10 +159,11 @@ def result_path(name: str) -> Path:
     return RUNS / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
 
 
-def save(name: str, payload: dict) -> Path:
-    """Write the results as JSON where result_path() says; a default (timestamped) run never
-    replaces an earlier file, and only --save / $BENCH_SAVE=1 touches the committed ones."""
-    path = result_path(name)
+def save(name: str, payload: dict, tag: str | None = None) -> Path:
+    """Write the results of bench.NAME as JSON where result_path() says (a `tag` names a
+    variant: results/NAME-TAG.json); a default (timestamped) run never replaces an earlier
+    file, and only --save / $BENCH_SAVE=1 touches the committed ones."""
+    path = result_path(name, tag)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "machine": machine(),
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), **payload}

@@ -249,7 +249,7 @@ def main(argv=None) -> None:
         table(f"Overlap: buckets of {args.bucket_mib:g} MiB, median of {args.steps} "
               "interleaved steps; profile means per step", header, rows_of(results))
     if not args.no_save:
-        save("overlap-gpu" if setups == ["gpu"] else "overlap", payload)
+        save("overlap", payload, tag="gpu" if setups == ["gpu"] else None)
     return payload
 
 

@@ -36,6 +36,7 @@ from .common import (
     readable,
     readables,
     same_dtype,
+    sizes_of,
     tensor_group,
     tuple_groups,
     threads_for,
@@ -118,7 +119,7 @@ def _adam_multi(ps, ms, vs, gs, lr_t, b1, c1, b2, c2, eps, wd):  # lists of (n_t
     check_sizes(ps, ms)
     check_sizes(ps, vs)
     check_sizes(ps, gs)
-    table = chunk_table(ps, CHUNK)
+    table = chunk_table(sizes_of(ps), CHUNK)
     for r in prange(table.shape[0]):
         t, start, stop = table[r, 0], table[r, 1], table[r, 2]
         # chunk views indexed from 0: numba then drops the wraparound checks and LLVM vectorizes

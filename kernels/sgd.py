@@ -26,6 +26,7 @@ from .common import (
     readable,
     readables,
     same_dtype,
+    sizes_of,
     tensor_group,
     tuple_groups,
     threads_for,
@@ -102,7 +103,7 @@ def sgd_cpu(p, m, g, lr=None, momentum=0.0, nesterov=False, weight_decay=0.0,
 def _sgd_multi(ps, ms, gs, lr, momentum, weight_decay, nesterov):  # lists of (n_t,)
     check_sizes(ps, ms)
     check_sizes(ps, gs)
-    table = chunk_table(ps, CHUNK)
+    table = chunk_table(sizes_of(ps), CHUNK)
     for r in prange(table.shape[0]):
         t, start, stop = table[r, 0], table[r, 1], table[r, 2]
         # chunk views indexed from 0: numba then drops the wraparound checks and LLVM vectorizes

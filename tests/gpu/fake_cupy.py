@@ -454,7 +454,7 @@ def _checked_launch(call):
     def launch(kernel, *args):
         if kernel._device:              # a device function called from a kernel
             return call(kernel, *args)
-        arrays = [a for a in _arrays(list(args)) if isinstance(a, ndarray)]
+        arrays = [a for a in [*_arrays(list(args)), *_tabled(args)] if isinstance(a, ndarray)]
         before = [a.view(np.ndarray).tobytes() for a in arrays]
         _touch(arrays, [])
         result = call(kernel, *args)
@@ -462,6 +462,19 @@ def _checked_launch(call):
         return result
     launch.checked = True
     return launch
+
+
+def _tabled(args):
+    """The buffers a multi-tensor kernel reaches through its table of addresses (a 2-D
+    uint64 argument, kernels/common.gpu_tables; under the simulator its entries are keys
+    of the views it registered)."""
+    from graphdist.kernels.common import _SIMULATED
+
+    for a in args:
+        if isinstance(a, np.ndarray) and a.dtype == np.uint64 and a.ndim == 2:
+            for key in a.reshape(-1):
+                view = _SIMULATED[int(key)]
+                yield getattr(view, "_ary", view)
 
 
 def install() -> None:

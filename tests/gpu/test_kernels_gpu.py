@@ -213,3 +213,29 @@ def test_multi_tensor_calls_on_the_same_buffers_see_their_new_values():
     for p, m, pr, mr in zip(ps, ms, p_ref, m_ref):
         _close(p, pr)
         _close(m, mr)
+
+
+def test_multi_tensor_tables_are_remembered_by_the_buffers_memory():
+    """A compiled step's gradients are new arrays each step, in memory the pool hands out
+    again: new array objects over the same memory reuse the tables, other memory (or the
+    same memory seen as another shape) gets its own, and each update reads its own arrays."""
+    from graphdist.kernels import common
+
+    rng, dtype = np.random.default_rng(8), np.float32
+    shapes = [(5,), (SIZES[-1],)]
+    ps = [cuda.to_device(_randn(rng, s, dtype)) for s in shapes]
+    before = [p.copy_to_host() for p in ps]
+    gs = [cuda.to_device(_randn(rng, s, dtype)) for s in shapes]
+    first = common.gpu_tables(ps, gs)
+    again = [g[:] for g in gs]                       # new objects, the same memory
+    assert again[0] is not gs[0]
+    assert common.gpu_tables(ps, again) is first
+    other = [cuda.to_device(g.copy_to_host()) for g in gs]
+    assert common.gpu_tables(ps, other) is not first
+    shorter = [[x[0], x[1][:-1]] for x in (ps, gs)]                   # a prefix of each
+    assert common.gpu_tables(*shorter) is not first
+    sgd.sgd_multi_gpu(ps, None, again, lr=0.5)
+    sgd.sgd_multi_gpu(ps, None, other, lr=0.5)
+    cuda.synchronize()
+    for p, b, g in zip(ps, before, gs):
+        _close(p, b - 0.5 * g.copy_to_host() - 0.5 * g.copy_to_host())

@@ -142,7 +142,7 @@ def test_multi_cpu_checks_its_inputs():
 
 def test_chunk_table_covers_every_element_once():
     tensors = common.tensor_list([np.zeros(n) for n in (0, 1, 7, 20, 16)])
-    table = common.chunk_table(tensors, 8)  # (rows, 3): tensor, start, stop
+    table = common.chunk_table(common.sizes_of(tensors), 8)  # (rows, 3): tensor, start, stop
     assert table.tolist() == [
         [1, 0, 1],
         [2, 0, 7],

@@ -60,11 +60,10 @@ def test_cuda_kernels_compile_to_ptx(monkeypatch):
         kernels = [
             (sgd._sgd_kernel, (a, a, a, h, nt.boolean)),
             (adam._adam_kernel, (a, a, a, a, h)),
-            (reduce._all_reduce_kernel, (nt.UniTuple(a, 3), a, f, nt.boolean, nt.boolean)),
-            (reduce._all_reduce_outs_kernel, (nt.UniTuple(a, 3), nt.UniTuple(a, 3), f,
-                                              nt.boolean)),
             (reduce._scale_kernel, (a, nt.float64, nt.float64[::1])),
-            # the multi-tensor kernels: (addresses, chunks, like, hyper), common.gpu_tables
+            # the multi-tensor kernels: (addresses, chunks, like, ...), common.gpu_tables
+            (reduce._all_reduce_kernel, (nt.uint64[:, ::1], nt.int64[:, ::1], a, nt.int64, f,
+                                         nt.boolean)),
             (adam._adam_multi_kernel, (nt.uint64[:, ::1], nt.int64[:, ::1], a, h)),
             (sgd._sgd_multi_kernel, (nt.uint64[:, ::1], nt.int64[:, ::1], a, h, nt.boolean)),
         ]
