@@ -8,11 +8,14 @@ in one process:
    are exact);
 2. each fused node of the one-device GPT-2 step (and a few chains as a user writes them):
    its members replayed as their own program, fused (one generated loop) and unfused (one
-   ufunc or kernel per member), timed interleaved.
+   ufunc or kernel per member), timed interleaved;
+3. fusion inside control-flow bodies: training steps whose layers run in a loop body (a
+   stack of dense residual layers in gd.fori_loop, gd.nn.LSTM on gd.scan) with the
+   epilogues and fuse_elementwise stages and without both, interleaved, same bits.
 
 The run drops the environment's OpenBLAS pin, as bench/gpt2.py does.
 
-    python -m bench.fuse_elementwise [--repeat N] [--nodes-only]
+    python -m bench.fuse_elementwise [--repeat N] [--nodes-only | --bodies-only]
 """
 
 from __future__ import annotations
@@ -138,13 +141,79 @@ def nodes_part(repeat: int) -> dict:
             for name in bodies}
 
 
+@contextlib.contextmanager
+def no_fusion():
+    """Programs compiled inside have neither the epilogues nor the fuse_elementwise stage."""
+    keep = pipeline.epilogues
+    pipeline.epilogues = lambda: []
+    try:
+        with unfused():
+            yield
+    finally:
+        pipeline.epilogues = keep
+
+
+def _residual_stack_step(layers: int = 8, batch: int = 256, width: int = 512):
+    """A training step of `layers` dense residual layers run by gd.fori_loop (one weight
+    matrix shared by every iteration), SGD."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, width)).astype(np.float32)
+    w = gd.Variable((rng.standard_normal((width, width)) * 0.02).astype(np.float32))
+    b = gd.Variable(np.zeros(width, np.float32))
+    opt = gd.optimizers.SGD(1e-3)
+
+    @gd.function
+    def step(x):
+        with gd.GradientTape() as tape:
+            h = gd.fori_loop(0, layers, lambda i, h: gd.relu(h @ w + b) * 0.5 + h, x)
+            loss = gd.reduce_mean(h * h)
+        opt.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
+        return loss
+    return lambda: step(x)
+
+
+def _lstm_step():
+    from bench.lstm import BATCH, STEPS, WIDTH, train_step
+
+    rng = np.random.default_rng(0)
+    return train_step(["cpu:0"], rng.standard_normal((BATCH, STEPS, WIDTH)).astype(np.float32),
+                      rng.standard_normal((BATCH, WIDTH)).astype(np.float32))
+
+
+def bodies_part(repeat: int) -> dict:
+    cases = {"8 dense residual layers in gd.fori_loop (256x512), train step": _residual_stack_step,
+             "gd.nn.LSTM on gd.scan (bench.lstm), train step": _lstm_step}
+    fns, out = {}, {}
+    for name, make in cases.items():
+        losses = {}
+        for fused in (True, False):
+            with contextlib.nullcontext() if fused else no_fusion():
+                run = make()
+                first = np.asarray(run(), np.float64).tolist()
+            warmup.wait()
+            losses[fused] = [first, np.asarray(run(), np.float64).tolist()]
+            fns[(name, fused)] = run
+        out[name] = {"same_losses": losses[True] == losses[False]}
+    times = interleaved(fns, repeat=repeat, label="fused / unfused bodies")
+    for name in cases:
+        on, off = times[(name, True)], times[(name, False)]
+        out[name].update(fused_ms=on["median_s"] * 1e3, unfused_ms=off["median_s"] * 1e3,
+                         ratio=on["median_s"] / off["median_s"],
+                         min_ratio=on["min_s"] / off["min_s"])
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--nodes-only", action="store_true", help="part 2 only")
+    ap.add_argument("--bodies-only", action="store_true",
+                    help="part 3 only (saved as results/fuse_elementwise-bodies.json)")
     args = ap.parse_args(argv)
     if unpinned_rerun("bench.fuse_elementwise", argv):
         return {}
+    if args.bodies_only:
+        return _bodies(args.repeat, tag="bodies")
     steps = {} if args.nodes_only else steps_part(args.repeat)
     print(table("Steps with elementwise fusion on and off (interleaved, median ms)",
                 ["step", "fused nodes", "on", "off", "on/off", "(min)", "same losses"],
@@ -157,8 +226,22 @@ def main(argv=None) -> dict:
                 [[k, f"{v['fused_ms']:.3f}", f"{v['unfused_ms']:.3f}", f"{v['ratio']:.2f}",
                   f"{v['min_ratio']:.2f}"] for k, v in nodes.items()]))
     payload = {"steps": steps, "nodes": nodes, "repeat": args.repeat}
+    if not args.nodes_only:
+        payload["bodies"] = _bodies(args.repeat, tag=None, save_it=False)
     save("fuse_elementwise", payload)
     return payload
+
+
+def _bodies(repeat: int, tag, save_it: bool = True) -> dict:
+    bodies = bodies_part(repeat)
+    print(table("Fusion inside control-flow bodies on and off (epilogues + fuse_elementwise; "
+                "interleaved, median ms)",
+                ["step", "on", "off", "on/off", "(min)", "same losses"],
+                [[k, f"{v['fused_ms']:.2f}", f"{v['unfused_ms']:.2f}", f"{v['ratio']:.3f}",
+                  f"{v['min_ratio']:.3f}", v["same_losses"]] for k, v in bodies.items()]))
+    if save_it:
+        save("fuse_elementwise", {"bodies": bodies, "repeat": repeat}, tag=tag)
+    return bodies
 
 
 if __name__ == "__main__":

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from graphdist import config
 from graphdist.device.gpu import GpuKind
-from graphdist.device.host import Backend, CpuBackend, host_value, is_device_array  # noqa: F401
+from graphdist.device.host import (  # noqa: F401
+    HOST_KERNELS,
+    Backend,
+    CpuBackend,
+    host_value,
+    is_device_array,
+)
 
 CPU = CpuBackend()
 
@@ -69,3 +75,14 @@ def kind_backends(devices) -> list[Backend]:
 
 register_backend("cpu", CPU)
 register_backend("gpu", GpuKind())
+
+
+def on_host(device) -> bool:
+    """Does `device` run the host's Numba kernels (asked of its kind: no device is set up)?
+    The compile passes fuse only for those: the fused forms' fast paths are CPU kernels."""
+    if device is None:
+        return False
+    try:
+        return backend_of_kind(str(device).partition(":")[0]).kernel_kind == HOST_KERNELS
+    except (KeyError, ValueError):
+        return False

@@ -1,4 +1,5 @@
-"""What every pass shares: renaming Vars while rebuilding a graph, and the pipeline runner."""
+"""What every pass shares: renaming Vars while rebuilding a graph, running a placed pass
+inside control-flow bodies, and the pipeline runner."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, replace
 from graphdist import flags
 from graphdist.config import logger
 from graphdist.ir import Graph, Var, check
+from graphdist.ir.bodies import map_placed_bodies
 
 
 def substitute(g: Graph, eqns: list, mapping: dict) -> Graph:
@@ -18,6 +20,15 @@ def substitute(g: Graph, eqns: list, mapping: dict) -> Graph:
     new_eqns = tuple(replace(e, inputs=tuple(sub(v) for v in e.inputs)) if any(
         isinstance(v, Var) and v in mapping for v in e.inputs) else e for e in eqns)
     return replace(g, eqns=new_eqns, outputs=tuple(sub(v) for v in g.outputs))
+
+
+def in_bodies(g: Graph, placed_pass) -> Graph:
+    """`g` with `placed_pass` run on the bodies of its control-flow eqns (their eqns shown
+    placed on the holder's device: ir/bodies.py map_placed_bodies); `g` itself when no body
+    changes."""
+    memos: dict = {}
+    eqns = tuple(map_placed_bodies(e, placed_pass, memos) for e in g.eqns)
+    return replace(g, eqns=eqns) if any(a is not b for a, b in zip(eqns, g.eqns)) else g
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from graphdist.device.backends import backend_of_kind
-from graphdist.device.host import HOST_KERNELS
+from graphdist.device.backends import on_host
 from graphdist.ir import Eqn, Graph, Var
 from graphdist.ops.array import reshape_p
 from graphdist.ops.conv import conv2d_p
@@ -40,6 +39,7 @@ from graphdist.ops.epilogue import (GELU_FORMS, conv2d_bias_act_p, matmul_bias_a
 from graphdist.ops.math import add_p, matmul_p, relu_grad_p, relu_p, sum_p
 from graphdist.ops.pool import max_pool2d_grad_p
 from graphdist.ops.special import gelu_grad_p, gelu_p
+from graphdist.passes.core import in_bodies
 from graphdist.passes.fuse import spliced, stable_topological
 
 # dtypes the fused kernels run (float16/bfloat16 matmuls accumulate in float32 apart)
@@ -49,6 +49,7 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 def fold_epilogues(g: Graph) -> Graph:
     """`g` with each bias + activation folded into its matmul / conv2d, and each relu_grad
     + bias-gradient sum fused (see the module docstring); `g` itself when none applies."""
+    g = in_bodies(g, fold_epilogues)      # control-flow bodies fold on their own
     ops = {eqn.op for eqn in g.eqns}     # each fold scans only a graph holding its ops
     if ops & {add_p, relu_p, gelu_p} and ops & {matmul_p, conv2d_p}:
         g = _fold_forward(g)
@@ -83,17 +84,6 @@ class _Uses:
         if v in self.returned or len(uses) != 1:
             return None
         return uses[0][0]
-
-
-def on_host(device) -> bool:
-    """Does `device` run the host's Numba kernels (asked of its kind)? Elsewhere (GPUs) the
-    unfused ops stay: the fused forms' fast paths are CPU kernels."""
-    if device is None:
-        return False
-    try:
-        return backend_of_kind(str(device).partition(":")[0]).kernel_kind == HOST_KERNELS
-    except (KeyError, ValueError):
-        return False
 
 
 def _param(eqn, key):

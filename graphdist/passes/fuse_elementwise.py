@@ -21,7 +21,7 @@ output of the fused node, never a reason to stop; a merge that would make a path
 cluster and come back into it (a cycle once fused) is refused, and so is one past
 MAX_MEMBERS. A cluster whose node would still move more than MAX_TRAFFIC of its members'
 bytes stays unfused. Never fused: collectives, state ops, views, control-flow nodes (their
-bodies are left as they are), ops on another device. Nothing fuses: the input graph itself
+bodies are fused on their own, each cluster inside one body), ops on another device. Nothing fuses: the input graph itself
 comes back.
 """
 
@@ -32,10 +32,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from graphdist.device.backends import backend_of_kind
-from graphdist.device.host import HOST_KERNELS
+from graphdist.device.backends import on_host
 from graphdist.ir import Eqn, Graph, Lit, Var
 from graphdist.ir.bodies import bodies
+from graphdist.passes.core import in_bodies
 from graphdist.kernels.fused_elementwise import COL, FULL, ROW, SCALAR, formula
 from graphdist.ops.fused import describe, fused_elementwise_p
 from graphdist.passes.fuse import stable_topological
@@ -59,7 +59,9 @@ DTYPES = (np.dtype("float32"), np.dtype("float64"), np.dtype("bool"))
 
 def fuse_elementwise(g: Graph) -> Graph:
     """`g` with each cluster of 2+ elementwise eqns one fused_elementwise node, placed where
-    its last member was (eqns reading an earlier member's result wait for it)."""
+    its last member was (eqns reading an earlier member's result wait for it); inside the
+    bodies of control flow too."""
+    g = in_bodies(g, fuse_elementwise)
     users: dict = {}
     for i, e in enumerate(g.eqns):
         for v in e.inputs:
@@ -106,22 +108,11 @@ def input_kind(ty, shape: tuple) -> tuple | None:
     return None
 
 
-def _is_host(device) -> bool:
-    """Does `device` run the host's Numba kernels (asked of its kind: no device is set up)?"""
-    if device is None:
-        return False
-    try:
-        backend = backend_of_kind(str(device).partition(":")[0])
-    except (KeyError, ValueError):
-        return False
-    return backend.kernel_kind == HOST_KERNELS
-
-
 def _member(eqn) -> tuple | None:
     """(result shape, row length or 0) of an eqn the kernels can take in, else None."""
     op = eqn.op
     if (not op.elementwise or op.stateful or op.collective or op.view or len(eqn.outputs) != 1
-            or bodies(eqn) or not _is_host(eqn.device)):
+            or bodies(eqn) or not on_host(eqn.device)):
         return None
     out = eqn.outputs[0].ty
     if out.dtype not in DTYPES or out.size < MIN_ELEMENTS:

@@ -84,6 +84,8 @@ class BufferPlan:
     copy_results: tuple    # per result: copied on return (it lives in a buffer the program
     #                        keeps: arena, storage, an input), or its fresh array handed over
     live: Liveness         # what the plan used: values another device reads live to the end
+    fused: bool = True     # the kernels it picked: fused ones; numpy forms while they load
+    deferred: bool = False
 
 
 def plan_buffers(g: Graph, backend: Backend, *, fused: bool, deferred: bool = False,
@@ -132,7 +134,7 @@ class _Planner:
         copy_results = tuple(isinstance(v, Var) and self.root(v) not in self.fresh
                              for v in g.outputs[: g.num_results])
         return BufferPlan(tuple(forms), self.places, self.frees, self.drops, self.packed,
-                          copy_results, self.live)
+                          copy_results, self.live, self.fused, self.deferred)
 
     # ------------------------------------------------------------ liveness
     def root(self, v):

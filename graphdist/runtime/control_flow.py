@@ -14,7 +14,6 @@ import itertools
 
 import numpy as np
 
-from graphdist import config
 from graphdist.ops.control_flow import cond_p, scan_p, while_p
 from graphdist.runtime.buffers import plan_buffers
 
@@ -27,12 +26,17 @@ def lowers(op) -> bool:
     return op in LOWERED
 
 
-def body_program(emitter_type, g, backend):
+def body_program(parent, g, backend):
     """The generated function running body graph `g`, written by a new emitter of the
     calling one's type (plain arrays in, a tuple out; its results never alias its
-    buffers, so a carry may be kept across iterations)."""
-    plan = plan_buffers(g, backend, fused=config.fused_kernels())
-    return emitter_type(g, plan, backend, {}).run().fn
+    buffers, so a carry may be kept across iterations). It picks kernels as `parent` does
+    (numpy forms while they load, in a tiered program's first form) and hands `parent` the
+    kernels it calls, which load in the background with the program's own."""
+    plan = plan_buffers(g, backend, fused=parent.plan.fused, deferred=parent.plan.deferred)
+    child = type(parent)(g, plan, backend, {})
+    fn = child.run().fn
+    parent.kernel_calls.extend(child.kernel_calls)
+    return fn
 
 
 def lower_eqn(emitter, eqn, backend) -> None:
@@ -42,13 +46,13 @@ def lower_eqn(emitter, eqn, backend) -> None:
     names = [f"v{next(emitter.counter)}" for _ in eqn.outputs]
     target = f"{', '.join(names)}, = " if names else ""
     if eqn.op is cond_p:
-        true_fn, false_fn = (emitter.glob("T", body_program(type(emitter), g, backend))
+        true_fn, false_fn = (emitter.glob("T", body_program(emitter, g, backend))
                              for g in params["branches"])
         rest = ", ".join(args[1:])
         emitter.emit(f"{target}({true_fn}({rest}) if {args[0]} else {false_fn}({rest}))", eqn)
     else:
         make = scan_runner if eqn.op is scan_p else while_runner
-        runner = emitter.glob("R", make(functools.partial(body_program, type(emitter)),
+        runner = emitter.glob("R", make(functools.partial(body_program, emitter),
                                         backend, **params))
         emitter.emit(f"{target}{runner}({', '.join(args)})", eqn)
     emitter.name.update(zip(eqn.outputs, names))

@@ -332,7 +332,8 @@ def test_a_training_step_on_two_replicas_gives_the_unfused_bits(model, monkeypat
 
 def test_a_variable_updated_by_a_chain_and_a_cond_beside_it(monkeypatch):
     """A chain whose result is a variable's next state (written back to its storage), next
-    to a cond: the cond stays a node of its own, its branches untouched."""
+    to a cond: the cond stays a node of its own, each branch fused on its own
+    (tests/passes/test_fusion_in_bodies.py)."""
     def make():
         v = gd.Variable(np.linspace(-1, 1, M * N, dtype=np.float32).reshape(M, N))
 
@@ -361,8 +362,9 @@ def test_a_variable_updated_by_a_chain_and_a_cond_beside_it(monkeypatch):
     (node,) = fused_nodes(g)
     assert dict(node.params)["members"] == ("mul", "mul", "add")
     (cond,) = [e for e in g.eqns if e.op.name == "cond"]
-    for branch in dict(cond.params)["branches"]:
-        assert not fused_nodes(branch)
+    true_branch, false_branch = dict(cond.params)["branches"]
+    assert [dict(e.params)["members"] for e in fused_nodes(true_branch)] == [("mul", "add")]
+    assert not fused_nodes(false_branch)                  # v - x: one op
 
 
 def test_merged_replicas_fuse_too():
