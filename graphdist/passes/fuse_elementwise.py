@@ -40,9 +40,15 @@ from graphdist.kernels.fused_elementwise import COL, FULL, ROW, SCALAR, formula
 from graphdist.ops.fused import describe, fused_elementwise_p
 from graphdist.passes.fuse import stable_topological
 
-# a cluster's results have at least this many elements (16 KiB of float32: the buffer
-# planner's arena size, runtime/buffers.py); smaller values run their ufuncs
-MIN_ELEMENTS = 4096
+# a cluster's results have at least this many elements (512 KiB of float32); smaller values
+# run their ufuncs. A fused node's call costs about 11 us before its loop starts (the
+# adapter, the thread budget, the parallel kernel's entry) and numpy's ufuncs run at cache
+# speed on values that fit in L2; measured node against ufuncs (2-core AVX-512 VM, float32),
+# fused / unfused: x * 0.5 + y 3.4 at 32K elements, 1.3 at 128K, 0.79 at 512K;
+# (x * 0.5 + y) * z - x 2.0 at 32K, 0.92 at 128K, 0.55 at 512K; relu(x + y) * 0.5 + z
+# 0.90 at 32K, 0.49 at 128K. At 4096 (the arena's size, the threshold before) every chain
+# ran 3-8x its ufuncs' time: an LSTM's loop body (32 x 128 values) fused ran 1.2x slower.
+MIN_ELEMENTS = 1 << 17
 # a fused node with one result smaller than this (a bool mask) would run its impl, not its
 # kernel (runtime/buffers.py's arena size): left unfused
 MIN_BYTES = 16 * 1024

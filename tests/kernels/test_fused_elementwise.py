@@ -24,6 +24,15 @@ from graphdist.runtime.adapters.registry import ENTRIES
 M, N = 64, 96
 
 
+@pytest.fixture(autouse=True)
+def _small_values_fuse(monkeypatch):
+    """These tests are about the kernels, on small values: the pass fuses them here (its
+    size rule is tests/passes/test_fuse_elementwise.py's business)."""
+    from graphdist.passes import fuse_elementwise
+
+    monkeypatch.setattr(fuse_elementwise, "MIN_ELEMENTS", 4096)
+
+
 def edge_values(shape, dtype, seed):
     """Normal numbers with NaN, +-inf, +-0, huge, tiny and subnormal values mixed in."""
     rng = np.random.default_rng(seed)

@@ -15,7 +15,7 @@ from graphdist.ops.fused import fused_elementwise_p
 from graphdist.passes.fuse_elementwise import MIN_ELEMENTS, fuse_elementwise, input_kind
 from graphdist.runtime import warmup
 
-M, N = 64, 128          # 8192 elements: above MIN_ELEMENTS
+M, N = 1024, 128        # 131072 elements: MIN_ELEMENTS
 
 
 @pytest.fixture(autouse=True)
@@ -317,7 +317,7 @@ def test_a_training_step_on_two_replicas_gives_the_unfused_bits(model, monkeypat
         make = lambda: make_step(strategy)          # noqa: E731
     else:
         ids, targets = gpt2_data()
-        batch = (ids[:8], targets[:8])
+        batch = (ids[:32], targets[:32])        # 16 a replica: values of 131K elements
         make = lambda: make_gpt2_step(strategy)     # noqa: E731
     batch = next(iter(strategy.experimental_distribute_dataset([batch])))
     fused_losses, fused_vars, nodes = _train(make, batch, True, monkeypatch)

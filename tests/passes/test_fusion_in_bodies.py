@@ -15,7 +15,7 @@ from graphdist.ops.epilogue import matmul_bias_act_p
 from graphdist.ops.fused import fused_elementwise_p
 from graphdist.runtime import warmup
 
-M, N = 64, 128          # 8192 elements a value: above fuse_elementwise's MIN_ELEMENTS
+M, N = 1024, 128        # 131072 elements a value: fuse_elementwise's MIN_ELEMENTS
 
 
 @pytest.fixture(autouse=True)
