@@ -172,6 +172,16 @@ def _residual_stack_step(layers: int = 8, batch: int = 256, width: int = 512):
     return lambda: step(x)
 
 
+def _elementwise_loop(steps: int = 20, n: int = 1 << 19):
+    """20 explicit Euler steps of an elementwise update on 512K values (a cellular or
+    particle model as a user writes one): x <- x + 0.01 * (relu(x) * a - x * b + c)."""
+    rng = np.random.default_rng(1)
+    x, a, b, c = (rng.standard_normal(n).astype(np.float32) for _ in range(4))
+    f = gd.function(lambda x, a, b, c: gd.fori_loop(
+        0, steps, lambda i, x: x + 0.01 * (gd.relu(x) * a - x * b + c), x))
+    return lambda: f(x, a, b, c)[:4]
+
+
 def _lstm_step():
     from bench.lstm import BATCH, STEPS, WIDTH, train_step
 
@@ -181,8 +191,10 @@ def _lstm_step():
 
 
 def bodies_part(repeat: int) -> dict:
-    cases = {"8 dense residual layers in gd.fori_loop (256x512), train step": _residual_stack_step,
-             "gd.nn.LSTM on gd.scan (bench.lstm), train step": _lstm_step}
+    cases = {"8 dense residual layers in gd.fori_loop (256x512), train step":
+             _residual_stack_step,
+             "gd.nn.LSTM on gd.scan (bench.lstm), train step": _lstm_step,
+             "20 elementwise Euler steps in gd.fori_loop (512K values)": _elementwise_loop}
     fns, out = {}, {}
     for name, make in cases.items():
         losses = {}
