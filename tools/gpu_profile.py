@@ -110,13 +110,20 @@ def launch_costs(n: int = 2000) -> None:
              "all_reduce_gpu, 4 in, 4 out": lambda: all_reduce_gpu(xs, outs=outs),
              "cupy x + y": lambda: cupy.add(xs[0], xs[1], out=outs[0])}
     for name, fn in cases.items():
+        print(f"{name}: {_per_call(fn, n) * 1e6:.1f} us per call")
+
+
+def _per_call(fn, n: int) -> float:
+    """Seconds per call of `fn` over n calls after one, the device synchronized around."""
+    import cupy
+
+    fn()
+    cupy.cuda.runtime.deviceSynchronize()
+    t = time.perf_counter()
+    for _ in range(n):
         fn()
-        cupy.cuda.runtime.deviceSynchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        cupy.cuda.runtime.deviceSynchronize()
-        print(f"{name}: {(time.perf_counter() - t) / n * 1e6:.1f} us per call")
+    cupy.cuda.runtime.deviceSynchronize()
+    return (time.perf_counter() - t) / n
 
 
 def chunk_sizes(repeat: int = 20) -> None:
@@ -136,13 +143,7 @@ def chunk_sizes(repeat: int = 20) -> None:
     flat = [cupy.concatenate(t) for t in ts]
 
     def timed(fn):
-        fn()
-        cupy.cuda.runtime.deviceSynchronize()
-        t = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        cupy.cuda.runtime.deviceSynchronize()
-        return (time.perf_counter() - t) / repeat * 1e3
+        return _per_call(fn, repeat) * 1e3
 
     print(f"flat adam_gpu: {timed(lambda: adam_gpu(*flat, hyper=hyper)):.3f} ms")
     kept = common.GPU_CHUNK
