@@ -210,14 +210,7 @@ def gpu_tables(*lists) -> TensorTable:
         if len(lst) != n:
             raise ValueError("multi-tensor kernel: the tensor lists differ in length")
     key = tuple(_buffer_key(a) for lst in lists for a in lst)
-    hit = _tables.get(key)
-    if hit is None:
-        hit = _tables[key] = _make_tables(lists)
-        if len(_tables) > GROUPS_KEPT:
-            _tables.popitem(last=False)
-    else:
-        _tables.move_to_end(key)
-    return hit
+    return _kept(_tables, key, lambda: _make_tables(lists))
 
 
 def _buffer_key(a) -> tuple:
@@ -283,14 +276,19 @@ def remembered(cache: collections.OrderedDict, lists, make):
     their memory) while it remembers them; it keeps the last GROUPS_KEPT calls.
     """
     key = tuple(id(a) for lst in lists for a in lst)
+    return _kept(cache, key, lambda: (make(), lists))[0]
+
+
+def _kept(cache: collections.OrderedDict, key, make):
+    """cache[key], made by make() when missing; the cache keeps its last GROUPS_KEPT keys."""
     hit = cache.get(key)
     if hit is None:
-        hit = cache[key] = (make(), lists)
+        hit = cache[key] = make()
         if len(cache) > GROUPS_KEPT:
             cache.popitem(last=False)
     else:
         cache.move_to_end(key)
-    return hit[0]
+    return hit
 
 
 def _empty_device(dtype):
