@@ -153,3 +153,26 @@ def test_a_body_hands_its_kernels_to_the_program_and_waits_for_them_like_it():
     twins.run()
     assert {"fused_elementwise", "matmul_bias_act"} <= {c.op for c in kernels.kernel_calls}
     assert "fused_elementwise" not in {c.op for c in twins.kernel_calls}
+
+
+def test_a_loop_inside_a_branch_fuses_at_every_depth(monkeypatch):
+    x, w, b = inputs(4)
+
+    def step(x, w, b, flag):
+        return gd.cond(flag, lambda: gd.fori_loop(0, 2, lambda i, h: layer(h, w, b), x),
+                       lambda: x * 2.0 - x * x)
+
+    fused = gd.function(step)
+    got = fused(x, w, b, np.bool_(True))
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "epilogues", lambda: [])
+        m.setattr(pipeline, "elementwise_fusion", lambda: [])
+        want = gd.function(step)(x, w, b, np.bool_(True))
+    (cond,) = [e for e in fused.replicated_graph.eqns if e.op.name == "cond"]
+    true_branch = dict(cond.params)["branches"][0]
+    (loop,) = [e for e in true_branch.eqns if bodies(e)]
+    assert loop.device is None                       # unplaced again, as the branch's eqns
+    assert {"matmul_bias_act", "fused_elementwise"} <= fused_ops(bodies(loop)[0])
+    warmup.wait()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(fused(x, w, b, np.bool_(True)), want)
