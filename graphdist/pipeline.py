@@ -184,8 +184,12 @@ def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan
     if config.overlap() and lowering_for(strategy.cross_device_ops).splits_to_overlap:
         passes.append(stage("overlap", overlap_collectives))
     # (not with a thread per device: the fused node would run in the first device's thread
-    # on the others' buckets and parameters, handed over through channels; measured 1.4x
-    # the MLP's step, 1.07x the GPT-2-style one)
+    # on the others' buckets and parameters, handed over through channels; measured 1.4-1.6x
+    # the MLP's step, 1.07x the GPT-2-style one. Why: the node updates the other replicas'
+    # parameters and slots in place, which that program does not own, so it updates fresh
+    # copies of them (the MLP on 4 devices: 54 copies a step, 50 ms of the first device's
+    # thread). Updating them where they lie needs each replica's reads of them ordered
+    # before the node, which a device's program does not say today.)
     if config.fused_kernels() and mode == "sequential" and host:
         passes.append(fuse_reduce_update)
         # zero_stage > 0: a bucket's reduce-scatter, sharded update and all-gather, one node
