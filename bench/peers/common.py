@@ -156,3 +156,31 @@ def cnn_init(seed: int = 0):
             fan_in = int(np.prod(shape[:-1]))
             params.append((rng.standard_normal(shape) * np.sqrt(2 / fan_in)).astype(np.float32))
     return params
+
+
+# ---------------------------------------------------------------- the LSTM (bench/lstm.py)
+# One Keras LSTM layer (gates i, f, c, o; sigmoid gates, tanh) over (batch, time, width)
+# inputs, its last output against a target: loss = sum((h_T - y)^2) / batch, plain SGD.
+LSTM_BATCH, LSTM_STEPS, LSTM_WIDTH = 32, 64, 128
+LSTM_LR = 0.01
+
+
+def lstm_data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(LSTM_BATCH, LSTM_STEPS, LSTM_WIDTH)).astype(np.float32)
+    y = rng.normal(size=(LSTM_BATCH, LSTM_WIDTH)).astype(np.float32)
+    return x, y
+
+
+def lstm_init(seed: int = 1):
+    """(kernel (W, 4W), recurrent_kernel (W, 4W), bias (4W,)) in Keras's layout: Glorot-
+    uniform kernels, an orthogonal recurrent kernel, the forget gate's bias at 1."""
+    rng = np.random.default_rng(seed)
+    w = LSTM_WIDTH
+    limit = np.sqrt(6 / (w + 4 * w))
+    kernel = rng.uniform(-limit, limit, (w, 4 * w)).astype(np.float32)
+    q, r = np.linalg.qr(rng.normal(size=(4 * w, w)))
+    recurrent = (q * np.sign(np.diag(r))).T.astype(np.float32)
+    bias = np.zeros(4 * w, np.float32)
+    bias[w:2 * w] = 1
+    return kernel, recurrent, bias

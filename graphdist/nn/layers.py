@@ -7,6 +7,7 @@ Checkpoints find them through `_checkpoint_children` (structural names, not laye
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import threading
@@ -124,6 +125,11 @@ class Layer:
     def build(self, input_shape: tuple) -> None:
         pass
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "build" in cls.__dict__:
+            cls.build = _marks_built(cls.__dict__["build"])
+
     # ------------------------------------------------------------ dtypes (Keras's names)
     dtype_policy = property(lambda self: self._dtype_policy)
 
@@ -223,6 +229,19 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"<gd.nn.{type(self).__name__} '{self.name}'>"
+
+
+def _marks_built(build):
+    """A layer's `build` that leaves the layer built, as Keras's does: a user's
+    `layer.build(input_shape)` (then assigns to its variables) makes the weights its first
+    call uses, where the call would otherwise have made new ones and dropped those."""
+    @functools.wraps(build)
+    def build_and_mark(self, input_shape):
+        if not self.built and self._autocast:       # the call sets it first; a user has not
+            self.dtype = np.dtype(self._dtype_policy.variable_dtype)
+        build(self, input_shape)
+        self.built, self.input_shape = True, tuple(input_shape)
+    return build_and_mark
 
 
 class Dense(Layer):

@@ -228,3 +228,32 @@ def test_clear_errors():
         gd.nn.Dropout(1.0)
     with pytest.raises(TypeError, match="expected a gd.nn layer"):
         gd.nn.Sequential([lambda x: x])
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda: gd.nn.Dense(3), (4, 5)),
+    (lambda: gd.nn.LSTM(6), (2, 3, 5)),
+    (lambda: gd.nn.LayerNorm(), (4, 5)),
+])
+def test_a_layer_built_by_hand_keeps_the_weights_assigned_to_it(make, shape):
+    """Keras's `layer.build(shape)` then setting its weights: the first call uses those
+    (it used to build again and drop them silently)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    layer = make()
+    layer.build(shape)
+    assert layer.built and layer.input_shape == shape
+    made = list(layer.variables)
+    for v in made:
+        v.assign(rng.standard_normal(v.shape).astype(np.float32))
+    chosen = [v.numpy().copy() for v in made]
+    eager = layer(x)
+    assert [id(v) for v in layer.variables] == [id(v) for v in made]
+    twin = make()                       # the same weights through the first-call build
+    twin(x)
+    for v, value in zip(twin.variables, chosen):
+        v.assign(value)
+    np.testing.assert_allclose(np.asarray(eager), np.asarray(twin(x)), rtol=1e-6, atol=1e-6)
+    if isinstance(layer, gd.nn.Dense):  # and by hand: x @ kernel + bias
+        np.testing.assert_allclose(np.asarray(eager), x @ chosen[0] + chosen[1], rtol=1e-5,
+                                   atol=1e-5)
