@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 import graphdist as gd
-from bench.common import (fresh_process_rows, peer_python, run_peer, save, table,
-                          unpinned_rerun, versus_best_peer, versus_text)
+from bench.common import (add_peer_arguments, fresh_process_rows, peer_python, run_peer, save,
+                          table, unpinned_rerun, versus_best_peer, versus_text)
 from bench.models import graphdist_side_by_side, make_cnn_step
 from bench.peers.common import CNN_BATCH, cnn_data
 from graphdist.ops import OPS
@@ -102,9 +102,7 @@ def conv_gflops(batch: int, repeat: int = 20) -> list:
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser()
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="runs of every fresh-process contender, in turn (median of medians)")
+    add_peer_arguments(ap)
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
     if unpinned_rerun("bench.cnn", argv):

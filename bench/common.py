@@ -284,6 +284,14 @@ def missing_frameworks(python: str | None) -> dict:
     return {f: f"{f} is not installed in {python}" for f in missing}
 
 
+def add_peer_arguments(ap) -> None:
+    """The options of a benchmark whose contenders run in fresh processes: `--no-peers`, and
+    `--rounds` (every contender that many times, in turn)."""
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of every fresh-process contender, in turn (median of medians)")
+
+
 def fresh_process_rows(own: str | None, peers, base: float, no_peers: bool = False,
                        rounds: int = 1) -> dict:
     """{name: result} of graphdist's own script `own` (bench/peers/graphdist_*.py) on 1

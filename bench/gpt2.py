@@ -40,8 +40,9 @@ import sys
 import numpy as np
 
 import graphdist as gd
-from bench.common import (fresh_process_rows, interleaved, peer_python, run_peer,
-                          save, table, unpinned_rerun, versus_best_peer, versus_text)
+from bench.common import (add_peer_arguments, fresh_process_rows, interleaved, peer_python,
+                          run_peer, save, table, unpinned_rerun, versus_best_peer,
+                          versus_text)
 from bench.gpt import op_groups_table, op_profile
 from bench.models import make_gpt2_step, make_gpt_step
 from bench.peers.gpt_common import GPT2_MODEL, gpt2_data, gpt2_init, gpt_data, parameter_count
@@ -305,9 +306,7 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="runs of every fresh-process contender, in turn (median of medians)")
+    add_peer_arguments(ap)
     ap.add_argument("--replicas", type=int, default=0, metavar="PROFILES",
                     help="only what 4 replicas spend beyond 1 device, per group of ops, over "
                          "PROFILES profiled steps of each (printed, not saved)")

@@ -24,8 +24,8 @@ import time
 import numpy as np
 
 import graphdist as gd
-from bench.common import (fresh_process_rows, save, table, unpinned_rerun, versus_best_peer,
-                          versus_text)
+from bench.common import (add_peer_arguments, fresh_process_rows, save, table, unpinned_rerun,
+                          versus_best_peer, versus_text)
 
 BATCH, STEPS, WIDTH = 32, 64, 128
 
@@ -97,9 +97,7 @@ ROWS = {"LSTM training step": {1: "graphdist 1 device (own process)",
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser()
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="runs of every fresh-process contender, in turn (median of medians)")
+    add_peer_arguments(ap)
     args = ap.parse_args(argv)
     if unpinned_rerun("bench.lstm", argv):
         return {}
