@@ -35,6 +35,7 @@ from graphdist import config
 from graphdist.device.backends import kind_backends
 from graphdist.errors import TraceError, first_use_text
 from graphdist.ir import Graph
+from graphdist.ops.control_flow import executed_nodes, graph_cost
 from graphdist.passes import (eliminate_common_subexpressions, eliminate_dead_code, place,
                               run_passes, schedule)
 from graphdist.passes.accumulate import fuse_accumulate
@@ -155,15 +156,32 @@ def replicated(graphs: list[Graph], strategy, shared_args=(),
             return merged
     # "auto": a thread per device where every device's kind can run one (host memory) and
     # the collectives stay in this process (docs/benchmarks.md, "A thread per device by
-    # default"); across MPI workers, on GPUs, and with sharded optimizer state (whose
+    # default"); across MPI workers, on GPUs, with sharded optimizer state (whose
     # reduce-scatter, shard updates and all-gather fuse into one node only in one program:
-    # apart, stage 1 took 1.13-1.15x stage 0's step) one program issues every device
+    # apart, stage 1 took 1.13-1.15x stage 0's step) and for a loop of small nodes
+    # (small_loop_step) one program issues every device
     sharded = getattr(strategy, "zero_stage", 0) > 0
     threads = all(b.threads for b in backends) and (
-        mode == "threads" or mode == "auto" and not across and not sharded)
+        mode == "threads"
+        or mode == "auto" and not across and not sharded and not small_loop_step(graphs[0]))
     plan = _per_device(graphs, strategy, "threads" if threads else "sequential", stages)
     plan.on_failure = getattr(strategy, "_step_failed", None)
     return plan
+
+
+# A step that is mostly a loop of small nodes runs as one program under "auto": a recurrent
+# layer's step (bench.lstm: 3,630 nodes of 46 KiB on average; the GPT, CNN and MLP steps'
+# 250-1,400 KiB) spends about as long in each node's Python as in its numpy work, and device
+# threads then contend for the interpreter lock: 4 replicas 36.1 ms a thread each, 28.1 ms
+# as one program (interleaved in one process).
+SMALL_NODE_BYTES = 128 << 10
+
+
+def small_loop_step(g: Graph) -> bool:
+    """Does one run of `g` execute mostly loop-body eqns, of SMALL_NODE_BYTES or less on
+    average (the cost model's bytes)?"""
+    nodes, in_loops = executed_nodes(g)
+    return 2 * in_loops > nodes and graph_cost(g)[1] < SMALL_NODE_BYTES * nodes
 
 
 def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan:

@@ -107,3 +107,45 @@ def test_the_pipeline_decides_how_replicas_are_issued(mode, zero_stage, plan_mod
     # wait)
     ops = {e.op.name for e in step.replicated_graph.eqns}
     assert "host_all_reduce_start" in ops
+
+
+def _loop_step(strategy, width: int):
+    """A step whose work is a 16-step fori_loop of a dense layer of `width` units."""
+    with strategy.scope():
+        w = gd.Variable(np.eye(width, dtype=np.float32) * 0.5, name="w")
+
+    @gd.function
+    def step(x):
+        def replica_fn(x):
+            h = gd.fori_loop(0, 16, lambda i, h: gd.tanh(h @ w) + h * 0.5, x)
+            return gd.reduce_mean(h)
+        return strategy.reduce("mean", strategy.run(replica_fn, args=(x,)))
+    return step
+
+
+@pytest.mark.parametrize("width, plan_mode", [(8, "sequential"), (512, "threads")])
+def test_auto_runs_a_loop_of_small_nodes_as_one_program(width, plan_mode):
+    """Small loop-body nodes spend as long in their Python as in their numpy work, and
+    device threads would contend for the interpreter lock (docs/benchmarks.md, "An LSTM
+    against the peers"): "auto" issues them from one program; large ones a thread each."""
+    strategy = gd.MirroredStrategy(DEVICES[:2])
+    step = _loop_step(strategy, width)
+    x = np.ones((512, width), np.float32) / width
+    step(next(iter(strategy.experimental_distribute_dataset([x]))))
+    assert step._latest().plan.mode == plan_mode
+
+
+def test_executed_nodes_count_each_loop_trip_and_the_larger_branch():
+    from graphdist.ops.control_flow import executed_nodes
+
+    def f(x, flag):
+        h = gd.scan(lambda c, _: (c * 2.0 + 1.0, c), x, length=5)[0]            # 2 a trip
+        return gd.cond(flag, lambda: h - 1.0, lambda: (h * h) * 3.0 - h)      # 1 or 3
+
+    g = gd.function(f).get_graph(np.ones(3, np.float32), np.bool_(True))
+    scans = [e for e in g.eqns if e.op.name == "scan"]
+    body = dict(scans[0].params)["body"]
+    outside = len(g.eqns)
+    total, in_loops = executed_nodes(g)
+    assert in_loops == 5 * len(body.eqns)
+    assert total == outside + in_loops + 3       # the cond's larger branch: 3 eqns

@@ -68,6 +68,27 @@ def graph_cost(g: Graph) -> tuple[int, int]:
     return flops, nbytes
 
 
+def executed_nodes(g: Graph) -> tuple[int, int]:
+    """(eqns one run of `g` executes, of them inside loop bodies): a scan's body counts its
+    length times, a while_loop's its maximum_iterations (else ASSUMED_TRIP_COUNT, as the
+    cost model), a cond its larger branch."""
+    total = in_loops = 0
+    for e in g.eqns:
+        p = dict(e.params)
+        total += 1
+        if e.op is scan_p or e.op is while_p:
+            trips = p["length"] if e.op is scan_p else (
+                p["maximum_iterations"] if p["maximum_iterations"] is not None
+                else ASSUMED_TRIP_COUNT)
+            inner = sum(executed_nodes(b)[0] for b in bodies(e))
+            total, in_loops = total + trips * inner, in_loops + trips * inner
+        elif e.op is cond_p:
+            runs = [executed_nodes(b) for b in p["branches"]]
+            total += max(r[0] for r in runs)
+            in_loops += max(r[1] for r in runs)
+    return total, in_loops
+
+
 def holds_collective(g: Graph):
     """The first collective eqn in `g` or its bodies, or None."""
     for e in g.eqns:
