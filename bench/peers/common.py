@@ -124,6 +124,22 @@ def tf_time_replica_fn(strategy, replica_fn, x, y, reduce_op: str = "MEAN") -> d
     return {**result, "losses": losses[:3]}
 
 
+def one_device_only(script: str, devices: int, why: str = "") -> None:
+    """A peer script that runs on one device only refuses --devices N > 1, saying so."""
+    if devices != 1:
+        raise SystemExit(f"{script}: one device only{f' ({why})' if why else ''}")
+
+
+def one_device_args(script: str, why: str = "") -> None:
+    """The --devices option of a one-device peer script (the benchmarks pass it to every
+    peer), refused above 1."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--devices", type=int, default=1)
+    one_device_only(script, ap.parse_args().devices, why)
+
+
 def report(result: dict) -> None:
     print("RESULT " + json.dumps(result))
     sys.stdout.flush()

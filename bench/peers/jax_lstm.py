@@ -6,19 +6,15 @@ device, from the same weights.
 
 from __future__ import annotations
 
-import argparse
-
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--devices", type=int, default=1)
-    args = ap.parse_args()
-    if args.devices != 1:
-        raise SystemExit("jax_lstm: one device only")
+    from bench.peers.common import (LSTM_LR, LSTM_WIDTH, lstm_data, lstm_init, one_device_args,
+                                    report, time_steps)
+
+    one_device_args("jax_lstm")
     import jax
     import jax.numpy as jnp
 
-    from bench.peers.common import LSTM_LR, LSTM_WIDTH, lstm_data, lstm_init, report, time_steps
 
     x, y = lstm_data()
     params = tuple(jnp.asarray(p) for p in lstm_init())

@@ -8,18 +8,12 @@ in step 1, 3.09642); the same work per step.
 
 from __future__ import annotations
 
-import argparse
-
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--devices", type=int, default=1)
-    args = ap.parse_args()
-    if args.devices != 1:
-        raise SystemExit("torch_cnn: one device only (the 4-replica rows compare TF and JAX)")
-    import torch
+    from bench.peers.common import LR, cnn_data, cnn_init, one_device_args, report, time_steps
 
-    from bench.peers.common import LR, cnn_data, cnn_init, report, time_steps
+    one_device_args("torch_cnn", "the 4-replica rows compare TF and JAX")
+    import torch
 
     x, y = cnn_data()
     k1, b1, k2, b2, w3, b3, w4, b4 = cnn_init()

@@ -24,11 +24,11 @@ def main(model: Model = GPT_MODEL) -> None:
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    if args.devices != 1:
-        raise SystemExit("torch_gpt: one device only (the 4-replica rows compare TF and JAX)")
+    from bench.peers.common import LR, one_device_only, report, time_steps
+
+    one_device_only("torch_gpt", args.devices, "the 4-replica rows compare TF and JAX")
     import torch
 
-    from bench.peers.common import LR, report, time_steps
     from bench.peers.gpt_common import (HEADS, KEY_DIM, LAYERS, LN_EPS, WIDTH,
                                         additive_causal_mask, parameter_count)
 

@@ -7,18 +7,13 @@ g, o is Keras's i, f, c, o; its second bias at zero).
 
 from __future__ import annotations
 
-import argparse
-
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--devices", type=int, default=1)
-    args = ap.parse_args()
-    if args.devices != 1:
-        raise SystemExit("torch_lstm: one device only")
-    import torch
+    from bench.peers.common import (LSTM_LR, LSTM_WIDTH, lstm_data, lstm_init, one_device_args,
+                                    report, time_steps)
 
-    from bench.peers.common import LSTM_LR, LSTM_WIDTH, lstm_data, lstm_init, report, time_steps
+    one_device_args("torch_lstm")
+    import torch
 
     x, y = lstm_data()
     kernel, recurrent, bias = lstm_init()
