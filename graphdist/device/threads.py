@@ -218,17 +218,20 @@ def split_batch(n: int, run, out_bytes: int, parts: int | None = None) -> None:
     and epilogues, single-threaded numpy or Numba passes between its GEMMs, then keep every
     core busy (the tutorial CNN's second conv2d + bias + relu, batch 256: 7.5 -> 3.4 ms on
     2 cores). `run` must compute each item's result as the whole call does (rows of a GEMM
-    do not depend on the others). `parts`: that many parts, whatever the cores (run one
-    after another on one core): for a result summed over the parts, whose bits must then
-    not depend on the machine."""
+    do not depend on the others). `parts`: that many parts, whatever the cores, the size
+    and the BLAS threads the caller has (run one after another where they are not split
+    over the cores): for a result summed over the parts, whose bits must then depend on
+    nothing else (they once depended on another thread's BLAS setting at the moment: the
+    background warm-up's, which changed a CNN step's fourth loss in one run out of four)."""
     every = cores()
     k = min(n, parts or every)
-    if k < 2 or out_bytes < SPLIT_MIN_BYTES or (_blas_now[0] or every) < every:
+    alone = every < 2 or out_bytes < SPLIT_MIN_BYTES or (_blas_now[0] or every) < every
+    if k < 2 or alone and parts is None:
         run(slice(0, n))
         return
     bounds = [n * i // k for i in range(k + 1)]
     pieces = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
-    if every < 2:
+    if alone:            # `parts` parts still, one after another: the same bits
         for piece in pieces:
             run(piece)
         return

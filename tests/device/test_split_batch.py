@@ -101,9 +101,11 @@ def test_the_convolutions_split_give_their_twins_bits_and_the_whole_s_values(
 
 def test_the_filter_gradient_sums_fixed_parts_whatever_runs_them(two_cores, monkeypatch):
     """A sum over the batch: split, always FILTER_GRAD_PARTS parts added in order, so the
-    bits are the same on threads of their own or one after another (one core); a
-    thread-per-device worker, which has its share of the cores, runs it whole; the values
-    are the whole batch's to float32 rounding. One input channel: never split."""
+    bits are the same on threads of their own, one after another (one core) and on a
+    thread-per-device worker with its share of the BLAS threads (it once ran the batch
+    whole there: a CNN step's bits then depended on another thread's BLAS setting at the
+    moment); the values are the whole batch's to float32 rounding. One input channel:
+    never split."""
     from graphdist.runtime.adapters.nn import conv2d_backprop_filter_parts
 
     rng = np.random.default_rng(1)
@@ -114,9 +116,9 @@ def test_the_filter_gradient_sums_fixed_parts_whatever_runs_them(two_cores, monk
     from graphdist.ops.conv import conv2d_backprop_filter_p
 
     whole = conv2d_backprop_filter_p.impl(np, x, dy, **params)
-    threads.set_blas_threads(1)                       # a worker's share: whole
+    threads.set_blas_threads(1)                       # a worker's share: the same parts
     np.testing.assert_array_equal(_run("conv2d_backprop_filter", (x, dy), params)[0],
-                                  conv2d_backprop_filter_p.impl(np, x, dy, **params))
+                                  concurrent)
     monkeypatch.setattr(threads, "cores", lambda: 1)  # one core: the parts in turn
     threads.set_blas_threads(None)
     (one_core,) = _run("conv2d_backprop_filter", (x, dy), params)
