@@ -38,13 +38,17 @@ def max_pool_grad_ref(x, y, dy, ksize, strides, pads):
 
 @njit(parallel=True, cache=True, error_model="numpy")
 def _max_pool_grad(x, y, dy, dx, kh, kw, sh, sw, top, left):
+    # each window's first max, then the windows' gradients added tap after tap over all
+    # windows, as the numpy form adds them: where windows overlap, a position's sum takes
+    # its terms in that order (window after window took them in another: a CNN with a
+    # 3x3 pool of stride 1 trained to other bits on this kernel than on its twin)
     n, h, w, c = x.shape
+    oh, ow = y.shape[1], y.shape[2]
     for b in prange(n):
         dx[b] = 0
-        todo = np.empty(c, np.bool_)       # (C,): channels whose first max is still unseen
-        for i in range(y.shape[1]):
-            for j in range(y.shape[2]):
-                todo[:] = True
+        first = np.full((oh, ow, c), -1, np.int32)
+        for i in range(oh):
+            for j in range(ow):
                 for p in range(kh):
                     r = i * sh + p - top
                     if r < 0 or r >= h:
@@ -53,10 +57,23 @@ def _max_pool_grad(x, y, dy, dx, kh, kw, sh, sw, top, left):
                         s = j * sw + q - left
                         if s < 0 or s >= w:
                             continue
-                        for ch in range(c):             # contiguous: vectorizes
-                            if todo[ch] and x[b, r, s, ch] == y[b, i, j, ch]:
+                        for ch in range(c):
+                            if first[i, j, ch] < 0 and x[b, r, s, ch] == y[b, i, j, ch]:
+                                first[i, j, ch] = p * kw + q
+        for p in range(kh):
+            for q in range(kw):
+                t = p * kw + q
+                for i in range(oh):
+                    r = i * sh + p - top
+                    if r < 0 or r >= h:
+                        continue
+                    for j in range(ow):
+                        s = j * sw + q - left
+                        if s < 0 or s >= w:
+                            continue
+                        for ch in range(c):
+                            if first[i, j, ch] == t:
                                 dx[b, r, s, ch] += dy[b, i, j, ch]
-                                todo[ch] = False
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -149,3 +166,4 @@ def max_pool_cpu(x, y, ksize, strides, pads) -> None:
     """y[...] = max_pool_ref(x, ksize, strides, pads, y.shape[1:3]), written into y."""
     with threads_for(x.nbytes + y.nbytes):
         _max_pool(x, y, ksize[0], ksize[1], strides[0], strides[1], pads[0], pads[1])
+
