@@ -360,6 +360,71 @@ def _conv2d_backprop_filter_out(xp, dw, x, dy, *, filter_size, strides, padding,
             dw2 += part_dw
 
 
+# the filter gradient runs as kernels/conv_filter.py's groups up to this many accumulators
+# (taps x output channels, KH*KW*C*O), for few input channels, stride 1 and no dilation;
+# past it OpenBLAS's GEMM is as fast or faster. 2 cores, against the GEMM in pieces: 3x3x1
+# to 32 channels (x (256, 28, 28, 1)) 0.71x the time, 3x3x3 to 32 0.72-0.95x, 5x5x1 to 32
+# 0.90x, 3x3x1 to 16 0.98x; 3x3x3 to 64 1.03x, 5x5x1 to 64 1.08x, 5x5x3 to 16 1.36x.
+FILTER_GROUP_ACCUMULATORS = 27 * 32
+
+
+def filter_grad_groups_fit(x_shape, out_channels, *, filter_size, strides, padding,
+                           dilations, dtype):
+    """The ((top, bottom), (left, right)) padding of x when the filter gradient runs as
+    kernels/conv_filter.py's groups (FILTER_GROUP_ACCUMULATORS; float32 or float64), else
+    None."""
+    taps = filter_size[0] * filter_size[1] * x_shape[3]
+    if x_shape[3] >= FEW_CHANNELS or taps * out_channels > FILTER_GROUP_ACCUMULATORS or \
+            tuple(strides) != (1, 1) or tuple(dilations) != (1, 1) or \
+            np.dtype(dtype) not in (np.float32, np.float64):
+        return None
+    _, pads = window_geometry("", x_shape[1:3], tuple(filter_size), strides, dilations,
+                              padding, "")
+    return pads
+
+
+def padded(xp, x, pads):
+    """x with `pads` ((top, bottom), (left, right)) of zeros around its images, C-contiguous."""
+    if any(p for pair in pads for p in pair):
+        return xp.pad(x, ((0, 0), *pads, (0, 0)))
+    return xp.ascontiguousarray(x)
+
+
+def filter_groups(oh: int, ow: int, group: int = 4):
+    """The output positions of kernels/conv_filter.py's groups, in its order: row after
+    row, each row's positions `group` at a time, then its last ones one by one."""
+    for i in range(oh):
+        whole = ow - ow % group
+        for j in range(0, whole, group):
+            yield tuple((i, j + k) for k in range(group))
+        for j in range(whole, ow):
+            yield ((i, j),)
+
+
+def filter_grad_groups_numpy(xp, x, dy, dw) -> None:
+    """The numpy twin of kernels/conv_filter.py's filter_grad_groups_cpu (x already padded):
+    per image from zero, each group's products added left to right and then into the sum,
+    then the images in order - the kernel's float operations in its order, the same bits
+    (tests/kernels/test_conv_filter.py). A Python loop over the output positions: the
+    cold start's form."""
+    n, oh, ow, o = dy.shape
+    kh, kw, c = dw.shape[:3]
+    acc = xp.zeros((n, kh * kw * c, o), dw.dtype)
+
+    def term(i, j):
+        return x[:, i:i + kh, j:j + kw, :].reshape(n, -1, 1) * dy[:, i, j, None, :]
+
+    for group in filter_groups(oh, ow):
+        s = term(*group[0])
+        for at in group[1:]:
+            s += term(*at)
+        acc += s
+    dw2 = dw.reshape(acc.shape[1:])
+    dw2[...] = 0
+    for b in range(n):
+        dw2 += acc[b]
+
+
 @conv2d_backprop_filter_p.def_impl
 def _conv2d_backprop_filter_impl(xp, x, dy, *, filter_size, **params):
     dw = xp.empty((*filter_size, x.shape[3], dy.shape[3]), x.dtype)
