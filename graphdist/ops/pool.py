@@ -133,6 +133,74 @@ max_pool2d_grad_grad_p.def_batch(
 max_pool2d_grad_grad_p.def_cost(_first_max_cost)
 
 
+# ---------------------------------------------------------------- with the argmax
+# Nobody writes these: passes/epilogue.py makes them from a max_pool2d and its gradient
+# (after autodiff, on host devices, for windows that do not overlap). The forward pass
+# also writes each window's first max as its tap index (int8; -1 for a window holding a
+# NaN), and the gradient is routed by those indices, so the backward pass reads 1 byte a
+# window rather than the pool's input and output (which can then be freed after the
+# forward pass): the tutorial CNN's first layer, 22 MB at batch 256. The same y and dx as
+# max_pool2d and max_pool2d_grad, bit for bit.
+
+ARGMAX_TAPS = 127          # the most window taps an int8 index holds
+
+
+def argmax_fits(ksize, strides) -> bool:
+    """Windows that never overlap (so the gradient is a scatter) and whose taps an int8
+    indexes."""
+    return (ksize[0] * ksize[1] <= ARGMAX_TAPS and strides[0] >= ksize[0]
+            and strides[1] >= ksize[1])
+
+
+max_pool2d_argmax_p = Op("max_pool2d_argmax", num_outputs=2, cost_kind="reduce",
+                         differentiable=False)
+
+
+@max_pool2d_argmax_p.def_shape
+def _max_pool2d_argmax_shape(x, **p):
+    y = _pool_shape("max_pool2d_argmax", x, **p)
+    return y, ArrayType(y.shape, np.dtype(np.int8))
+
+
+@max_pool2d_argmax_p.def_impl
+def _max_pool2d_argmax_impl(xp, x, *, ksize, strides, padding):
+    y = _max_pool2d_impl(xp, x, ksize=ksize, strides=strides, padding=padding)
+    idx = xp.full(y.shape, -1, np.int8)
+    taps = _pool_taps(x.shape, ksize, strides, padding)[1]
+    for ((p, q), _, _), (at_out, _, hit) in zip(taps, _first_max(xp, x, y, taps)):
+        xp.copyto(idx[at_out], np.int8(p * ksize[1] + q), where=hit)
+    return y, idx
+
+
+max_pool2d_argmax_p.def_cost(_pool_cost)
+
+max_pool2d_grad_argmax_p = Op("max_pool2d_grad_argmax", cost_kind="reduce",
+                              differentiable=False)
+
+
+@max_pool2d_grad_argmax_p.def_shape
+def _max_pool2d_grad_argmax_shape(idx, dy, *, input_size, **p):
+    x = ArrayType((dy.shape[0], *input_size, dy.shape[3]), dy.dtype)
+    want = _pool_shape("max_pool2d_grad_argmax", x, **p)
+    if idx.shape != want.shape or dy.shape != want.shape or idx.dtype != np.int8:
+        raise ShapeError(f"max_pool2d_grad_argmax: idx (int8) and dy must have the pooled "
+                         f"shape {want.shape}; " + describe(("idx", "dy"), (idx, dy), **p))
+    return x
+
+
+@max_pool2d_grad_argmax_p.def_impl
+def _max_pool2d_grad_argmax_impl(xp, idx, dy, *, input_size, ksize, strides, padding):
+    dx = xp.zeros((dy.shape[0], *input_size, dy.shape[3]), dy.dtype)
+    zero = dy.dtype.type(0)
+    for (p, q), at_out, at_in in _pool_taps(dx.shape, ksize, strides, padding)[1]:
+        dx[at_in] += xp.where(idx[at_out] == p * ksize[1] + q, dy[at_out], zero)
+    return dx
+
+
+max_pool2d_grad_argmax_p.def_cost(lambda ins, outs, **_: (
+    outs[0].size, sum(t.nbytes for t in (*ins, *outs))))
+
+
 def _avg_counts(xp, x_shape, ksize, strides, padding, dtype):
     """How many input elements each window averages: with SAME only those inside the input
     (as TF does). A scalar where every window is whole."""

@@ -432,21 +432,25 @@ def test_conv_input_grad_kernel_matches_loops_and_the_numpy_bits(
                                atol=tol)
 
 
-def test_the_compiled_step_uses_the_kernel(monkeypatch):
+@pytest.mark.parametrize("ksize,kernel_op", [(3, "max_pool2d_grad"),
+                                              (2, "max_pool2d_grad_argmax")])
+def test_the_compiled_step_uses_the_kernel(ksize, kernel_op, monkeypatch):
+    """Overlapping windows: max_pool2d_grad's kernel; windows that do not overlap: the
+    gradient routed by the forward pass's argmax (passes/epilogue.py)."""
     from graphdist.runtime import kernel_table
 
-    key, calls = ("cpu", "max_pool2d_grad"), []
+    key, calls = ("cpu", kernel_op), []
     kernel = kernel_table.ENTRIES[key].out
     monkeypatch.setitem(kernel_table.ENTRIES, key, kernel_table.ENTRIES[key].replace(
         out=lambda *a, **kw: calls.append(kernel(*a, **kw))))
     x = np.random.default_rng(10).standard_normal((8, 16, 16, 8)).astype(np.float32)
     f = gd.function(lambda x: gd.value_and_grad(   # the gradient is no result: an arena buffer
-        lambda x: gd.reduce_sum(gd.nn.max_pool2d(x, 2, 2, "VALID") ** 2))(x)[1] * 3.0)
+        lambda x: gd.reduce_sum(gd.nn.max_pool2d(x, ksize, 2, "VALID") ** 2))(x)[1] * 3.0)
     got = f(x)
     assert len(calls) == 1
-    y = gd.nn.max_pool2d(x, 2, 2, "VALID")
-    np.testing.assert_allclose(got, max_pool_grad_ref(x, 6 * y, (2, 2), (2, 2), "VALID"),
-                               rtol=1e-6)
+    y = gd.nn.max_pool2d(x, ksize, 2, "VALID")
+    np.testing.assert_allclose(got, max_pool_grad_ref(x, 6 * y, (ksize, ksize), (2, 2),
+                                                      "VALID"), rtol=1e-6)
 
 
 # ---------------------------------------------------------------- errors

@@ -536,6 +536,9 @@ INTERNAL_TESTED_ELSEWHERE = {
     "matmul_bias_act": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
     "conv2d_bias_act": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
     "relu_grad_bias_sum": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
+    "max_pool2d_argmax": "tests/kernels/test_pool_argmax.py, tests/passes/test_epilogue.py",
+    "max_pool2d_grad_argmax": "tests/kernels/test_pool_argmax.py, "
+                              "tests/passes/test_epilogue.py",
     "fused_elementwise": "tests/passes/test_fuse_elementwise.py, "
                          "tests/kernels/test_fused_elementwise.py (made by fuse_elementwise)",
     "cond": "tests/ops/test_control_flow.py (holds sub-graphs; gradients vs finite differences)",

@@ -291,8 +291,8 @@ def test_relu_gradient_moves_before_the_pool_gradient(pool, without_epilogues):
     without_epilogues()
     (loss0, g0), _ = run()
     (back,) = [e for e in fused.eqns if e.op.name == "relu_grad_bias_sum"]
-    (route,) = [e for e in fused.eqns if e.op.name == "max_pool2d_grad"]
-    assert route.inputs[2] is back.outputs[0]                # routed after the mask
+    (route,) = [e for e in fused.eqns if e.op.name.startswith("max_pool2d_grad")]
+    assert route.inputs[-1] is back.outputs[0]               # routed after the mask
     assert back.outputs[0].ty.shape == (4, 4, 4, 8)           # on the pooled gradient
     np.testing.assert_allclose(loss1, loss0, rtol=1e-6)
     for a, b0 in zip(g1, g0):
@@ -313,3 +313,48 @@ def test_only_host_devices_fold():
     on_gpu = replace(placed, eqns=tuple(replace(e, device="gpu:0") for e in placed.eqns))
     assert fold_epilogues(on_gpu) is on_gpu
 
+
+
+@pytest.mark.parametrize("pool", [(2, 2, "VALID"), (3, 3, "SAME"), (3, 2, "SAME")])
+def test_a_pool_whose_windows_do_not_overlap_routes_its_gradient_by_its_argmax(
+        pool, monkeypatch):
+    """max_pool2d and its gradient -> max_pool2d_argmax and max_pool2d_grad_argmax for
+    windows that do not overlap: the backward pass no longer reads the pool's input, and
+    the loss and gradients are the bits of the program without that rewrite (overlapping
+    windows keep their ops)."""
+    from graphdist.passes import epilogue
+
+    ksize, stride, padding = pool
+    x, w, b = _params("conv", 1, True, seed=6)
+    x = np.round(x * 2)                          # ties in the windows
+
+    def run():
+        vs = [gd.Variable(a, name=n) for a, n in zip((x, w, b), "xwb")]
+
+        @gd.function
+        def step(t):
+            with gd.GradientTape() as tape:
+                h = gd.nn.max_pool2d(_conv_layer(vs[0], vs[1], vs[2], "relu"), ksize, stride,
+                                     padding)
+                loss = gd.reduce_sum(h * t)
+            return loss, tape.gradient(loss, vs)
+
+        out_hw = -(-8 // stride) if padding == "SAME" else (8 - ksize) // stride + 1
+        t = np.random.default_rng(7).standard_normal((4, out_hw, out_hw, 8))
+        return step(t.astype(np.float32)), step.replicated_graph
+
+    (loss1, g1), rewritten = run()
+    monkeypatch.setattr(epilogue, "_pool_argmax", lambda g: g)
+    (loss0, g0), kept = run()
+    ops = _ops(rewritten)
+    if ksize > stride:
+        assert ops == _ops(kept) and "max_pool2d_argmax" not in ops
+        return
+    assert "max_pool2d" not in ops and "max_pool2d_grad" not in ops
+    (fwd,) = [e for e in rewritten.eqns if e.op.name == "max_pool2d_argmax"]
+    (back,) = [e for e in rewritten.eqns if e.op.name == "max_pool2d_grad_argmax"]
+    assert back.inputs[0] is fwd.outputs[1] and fwd.inputs[0] not in back.inputs
+    assert fwd.outputs[1].ty.dtype == np.int8
+    np.testing.assert_array_equal(loss1, loss0)
+    for a, b0 in zip(g1, g0):
+        np.testing.assert_array_equal(a, b0)
