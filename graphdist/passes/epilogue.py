@@ -24,6 +24,10 @@ both there), with fused kernels on, on host devices (those running the CPU kerne
    (22 MB at batch 256 for the tutorial CNN's first layer, which x's last use then frees
    after the forward pass). The same bits.
 
+Merged replicas (passes/merge.py) convolve every replica's batch at once and add each
+replica's bias on a (replicas, N, ...) view of the result: step 1 folds through that
+reshape, and step 4 follows the views a pool's input and output are read through.
+
 Every fused node lists the ops it replaced in its `members` param (text IR, HTML viewer,
 g.summary()). Results are those of the unfused ops up to the GEMMs' blocking and the sums'
 order (tests/passes/test_epilogue.py)."""
@@ -185,14 +189,21 @@ def _fold_forward(g: Graph) -> Graph:
 
 def _rows_view(g: Graph, uses: _Uses, eqn):
     """The index of the reshape of a 2-D matmul's (R, O) result to (..., O), when it is the
-    result's only reader (how x (..., K) @ w (K, O) is traced: one GEMM over x's rows)."""
-    if eqn.op is not matmul_p or eqn.outputs[0].ty.ndim != 2:
+    result's only reader (how x (..., K) @ w (K, O) is traced: one GEMM over x's rows); or
+    of a conv2d's (N, H, W, O) result to (R, N / R, H, W, O) (merged replicas: the
+    replicas' batches convolved as one, their bias adds per replica)."""
+    base = eqn.outputs[0].ty
+    if not (eqn.op is matmul_p and base.ndim == 2 or eqn.op is conv2d_p):
         return None
     r = uses.only_reader(eqn.outputs[0])
     if r is None or g.eqns[r].op is not reshape_p or g.eqns[r].device != eqn.device:
         return None
     out = g.eqns[r].outputs[0].ty
-    return r if out.ndim >= 2 and out.shape[-1] == eqn.outputs[0].ty.shape[-1] else None
+    if eqn.op is conv2d_p:
+        split = out.ndim == 5 and out.shape[2:] == base.shape[1:] and \
+            out.shape[0] * out.shape[1] == base.shape[0]
+        return r if split else None
+    return r if out.ndim >= 2 and out.shape[-1] == base.shape[-1] else None
 
 
 def _fuse_forward(g: Graph, replaced: dict, base, members: list, bias, pre, act,
@@ -311,10 +322,11 @@ def _pool_argmax(g: Graph) -> Graph:
                 not all(isinstance(v, Var) for v in grad.inputs):
             continue
         x, y, dy = grad.inputs
-        p = producer.get(y)
+        p = producer.get(_root(g, producer, y))
         pool = g.eqns[p] if p is not None else None
         params = dict(grad.params)
-        if pool is None or pool.op is not max_pool2d_p or pool.inputs[0] is not x or \
+        if pool is None or pool.op is not max_pool2d_p or pool.outputs[0].ty != y.ty or \
+                not _same_value(g, producer, pool.inputs[0], x) or \
                 dict(pool.params) != params or pool.device != grad.device or \
                 not argmax_fits(params["ksize"], params["strides"]):
             continue
@@ -329,3 +341,16 @@ def _pool_argmax(g: Graph) -> Graph:
     if not replaced:
         return g
     return replace(g, eqns=tuple(replaced.get(i, e) for i, e in enumerate(g.eqns)))
+
+
+def _root(g: Graph, producer: dict, v):
+    """The Var that `v` views through reshapes (itself if none)."""
+    while v in producer and g.eqns[producer[v]].op is reshape_p:
+        v = g.eqns[producer[v]].inputs[0]
+    return v
+
+
+def _same_value(g: Graph, producer: dict, a, b) -> bool:
+    """a and b hold the same array: one Var, or views of one Var reshaped to one type
+    (merged replicas reshape a value to (N, ...) once for each of its readers)."""
+    return a is b or a.ty == b.ty and _root(g, producer, a) is _root(g, producer, b)

@@ -156,6 +156,51 @@ def test_training_on_replicas_matches_unfused(replicas, kind, act, without_epilo
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_merged_replicas_fold_the_conv_and_route_the_pool_by_its_argmax(without_epilogues):
+    """Merged replicas convolve every replica's batch at once and add each replica's bias on
+    a (replicas, N, ...) view: the bias and relu still fold into the convolution (through
+    that reshape), and the pool, whose input and output its gradient reads through
+    reshapes, still keeps its argmax. Training matches the program without epilogues."""
+    def trained():
+        rng = np.random.default_rng(8)
+        strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+        with strategy.scope():
+            ps = [gd.Variable((rng.standard_normal(s) / 3).astype(np.float32))
+                  for s in ((3, 3, 1, 8), (8,), (4 * 4 * 8, 3))]
+            opt = gd.optimizers.SGD(0.05)
+        x = rng.standard_normal((8, 10, 10, 1)).astype(np.float32)
+        t = rng.standard_normal((8, 3)).astype(np.float32)
+
+        @gd.function
+        def step(batch):
+            def replica_fn(x, t):
+                with gd.GradientTape() as tape:
+                    h = gd.nn.max_pool2d(_conv_layer(x, ps[0], ps[1], "relu"), 2, 2, "VALID")
+                    h = gd.reshape(h, (h.shape[0], -1)) @ ps[2]
+                    loss = gd.reduce_mean((h - t) ** 2.0)
+                opt.apply_gradients(zip(tape.gradient(loss, ps), ps))
+                return loss
+            return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=batch))
+
+        gd.config.set_device_concurrency("merged")
+        try:
+            batch = next(iter(strategy.experimental_distribute_dataset([(x, t)])))
+            for _ in range(2):
+                step(batch)
+        finally:
+            gd.config.set_device_concurrency("auto")
+        assert step.replicated_graph.merged
+        return [p.numpy() for p in ps], _ops(step.replicated_graph)
+
+    fused, ops = trained()
+    assert ops.count("conv2d_bias_act") == 1 and "conv2d" not in ops and "relu" not in ops
+    assert ops.count("max_pool2d_argmax") == ops.count("max_pool2d_grad_argmax") == 1
+    without_epilogues()
+    plain, _ = trained()
+    for a, b in zip(fused, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------- what is not folded
 
 
