@@ -261,7 +261,7 @@ def _relu_grad_before_pool(g: Graph) -> Graph:
                 pool.device != eqn.device or not isinstance(pool.inputs[2], Var):
             continue
         _, y, dy = pool.inputs
-        masked = Var(dy.ty, None, dy.device)
+        masked = Var(dy.ty, _derived(dy.hint, "masked"), dy.device)
         replaced[p] = None
         replaced[r] = [replace(eqn, inputs=(dy, y), outputs=(masked,)),
                        replace(pool, inputs=(x, y, masked), outputs=eqn.outputs)]
@@ -331,8 +331,9 @@ def _pool_argmax(g: Graph) -> Graph:
                 not argmax_fits(params["ksize"], params["strides"]):
             continue
         if p not in index_of:
-            index_of[p] = Var(max_pool2d_argmax_p.out_types(x.ty, **params)[1], None,
-                              pool.outputs[0].device)
+            y0 = pool.outputs[0]          # named after the pooled value, so that every
+            index_of[p] = Var(max_pool2d_argmax_p.out_types(x.ty, **params)[1],  # replica's
+                              _derived(y0.hint, "argmax"), y0.device)          # prints alike
             replaced[p] = replace(pool, op=max_pool2d_argmax_p,
                                   outputs=(pool.outputs[0], index_of[p]))
         replaced[i] = replace(grad, op=max_pool2d_grad_argmax_p, inputs=(index_of[p], dy),
@@ -354,3 +355,8 @@ def _same_value(g: Graph, producer: dict, a, b) -> bool:
     """a and b hold the same array: one Var, or views of one Var reshaped to one type
     (merged replicas reshape a value to (N, ...) once for each of its readers)."""
     return a is b or a.ty == b.ty and _root(g, producer, a) is _root(g, producer, b)
+
+
+def _derived(hint, what: str):
+    """The hint of a value a pass makes from another's: `h.what` (None without one)."""
+    return f"{hint}.{what}" if hint else None
