@@ -184,10 +184,11 @@ class _Planner:
         # values the program keeps run the impl: a kernel call costs ~8 us more on 8 floats)
         if listed and not more and not op.view and out in self.returned:
             return EqnForm("out", **forms)
-        # a small value made from much (a first layer's filter gradient: 1 KiB from 22 MB)
-        # runs its kernel all the same, into a fresh array: the impl took 2.9 ms there
-        if listed and not more and not op.view and \
-                sum(v.ty.nbytes for v in eqn.inputs) >= ARENA_MIN_BYTES:
+        # a small value its kernel makes from much (a first layer's filter gradient: 1 KiB
+        # from 22 MB) runs that kernel all the same, into a fresh array: the impl took 2.9
+        # against 2.0 ms there
+        if listed and not more and not op.view and kernel_table.reduces(backend, op, types) \
+                and sum(v.ty.nbytes for v in eqn.inputs) >= ARENA_MIN_BYTES:
             return EqnForm("out", **forms)
         if more and (kernel is not None or out_impl is not None and not op.elementwise
                      and (listed or all(v.ty.nbytes >= ARENA_MIN_BYTES for v in eqn.outputs))):

@@ -104,6 +104,14 @@ def out_impl(backend, op, types=(), *, fused: bool = True, deferred: bool = Fals
     return fn
 
 
+def reduces(backend, op, types=()) -> bool:
+    """Whether `op`'s kernel on `backend`'s device kind does work that scales with its
+    inputs rather than its output (KernelEntry.reduces): the plan runs it for small outputs
+    too."""
+    found = _entry(backend, op, types)
+    return found is not None and found.reduces
+
+
 def _entry(backend, op, types) -> KernelEntry | None:
     if not _compiled_dtypes(types):
         return None

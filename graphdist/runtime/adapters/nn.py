@@ -182,8 +182,8 @@ def _groups_numpy(x, dy, dw):
     filter_grad_groups_numpy(np, x, dy, dw)
 
 
-register_kernel("conv2d_backprop_filter", kind="cpu", out=True,
-                numpy=_filter_grad(_groups_numpy), exact=True)(_filter_grad(_groups_cpu))
+register_kernel("conv2d_backprop_filter", kind="cpu", out=True, numpy=_filter_grad(_groups_numpy),
+                exact=True, reduces=True)(_filter_grad(_groups_cpu))
 
 
 

@@ -38,7 +38,11 @@ class KernelEntry:
                impl), run where the kernel does not: fused kernels off (in-place updates),
                a program's first calls while its kernels load (runtime/warmup.py);
     exact:     the twins give the kernel's bits (the same float operations in the same
-               order), so the warm-up may run them first without changing any result.
+               order), so the warm-up may run them first without changing any result;
+    reduces:   its work scales with its inputs, not its output (a filter gradient: 1 KiB
+               from 22 MB), so it runs for a small output the program keeps too when the
+               inputs are big (a small kept value otherwise runs the op's impl: a kernel
+               call costs ~8 us more on 8 floats).
     """
 
     op: str
@@ -48,6 +52,7 @@ class KernelEntry:
     numpy: Callable | _OpImpl | None = None
     numpy_out: Callable | _OpImpl | None = None
     exact: bool = False
+    reduces: bool = False
 
     def __post_init__(self):
         where = f"kernel entry ({self.kind!r}, {self.op!r})"
@@ -86,13 +91,15 @@ def register(entry: KernelEntry, *, replace: bool = False) -> KernelEntry:
 
 
 def register_kernel(op: str, *, kind: str, out: bool = False, numpy=None, exact: bool = False,
-                    replace: bool = False):
+                    reduces: bool = False, replace: bool = False):
     """Decorator registering the decorated adapter as `op`'s kernel on device kind `kind`:
     its in-place form, or with out=True its out= form; `numpy` is that form's numpy twin
-    (OP_IMPL: the op's impl) and `exact` says the twin gives the kernel's bits."""
+    (OP_IMPL: the op's impl), `exact` says the twin gives the kernel's bits and `reduces`
+    that it runs for small outputs too (KernelEntry)."""
     def add(fn: Callable) -> Callable:
         forms = dict(out=fn, numpy_out=numpy) if out else dict(kernel=fn, numpy=numpy)
-        register(KernelEntry(op, kind, exact=exact, **forms), replace=replace)
+        register(KernelEntry(op, kind, exact=exact, reduces=reduces, **forms),
+                 replace=replace)
         return fn
 
     return add
