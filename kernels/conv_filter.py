@@ -1,5 +1,7 @@
 """conv2d's filter gradient (TF's Conv2DBackpropFilter) for few input channels, stride 1,
-no dilation, directly from x and dy.
+no dilation, directly from x and dy, or from a 2x2 max pool's argmax and gradient, making
+dy as it goes (pooled_filter_grad_cpu: the first layer's dy, 22 MB at batch 256, is then
+never written).
 
 The tutorial CNN's first layer (x (256, 28, 28, 1), 3x3x1x32 filters) multiplies patches
 (9 values a position) by dy (32 a position): a GEMM of M=9, N=32 and K=173,056 that
@@ -79,6 +81,49 @@ def _filter_grad(x, dy, partial, kh, kw):
                 j += 1
 
 
+@njit(parallel=True, cache=True, error_model="numpy")
+def _pooled_filter_grad(x, idx, g, partial, kh, kw, oh, ow):
+    # dy = max_pool2d_grad_argmax(idx, g) for 2x2 windows of stride 2 over the (oh, ow)
+    # outputs, made four positions at a time as kernels/pool.py writes it (g + 0 where the
+    # window's argmax points, else 0; 0 where no window reaches): _filter_grad's bits
+    n, poh, pow_, o = g.shape
+    zero = g.dtype.type(0)
+    for b in prange(n):
+        acc, xb = partial[b], x[b]
+        acc[:] = 0
+        d = np.zeros((4, o), g.dtype)
+        for i in range(oh):
+            pi, r2 = i // 2, 2 * (i % 2)
+            j = 0
+            while j + GROUP <= ow:
+                for w in range(2):               # the group's two windows
+                    q = j // 2 + w
+                    if pi < poh and q < pow_:
+                        for k in range(o):
+                            t = np.int32(idx[b, pi, q, k])
+                            v = g[b, pi, q, k] + zero
+                            d[2 * w, k] = v if t == r2 else zero
+                            d[2 * w + 1, k] = v if t == r2 + 1 else zero
+                    else:
+                        for k in range(o):
+                            d[2 * w, k] = zero
+                            d[2 * w + 1, k] = zero
+                _four(acc, xb, kh, kw, i, j, d[0], d[1], d[2], d[3])
+                j += GROUP
+            while j < ow:
+                q = j // 2
+                if pi < poh and q < pow_:
+                    for k in range(o):
+                        t = np.int32(idx[b, pi, q, k])
+                        v = g[b, pi, q, k] + zero
+                        d[0, k] = v if t == r2 + j % 2 else zero
+                else:
+                    for k in range(o):
+                        d[0, k] = zero
+                _one(acc, xb, kh, kw, i, j, d[0])
+                j += 1
+
+
 @njit(cache=True, error_model="numpy")
 def _sum_images(partial, dw):
     """dw = the images' sums added in order, from zero."""
@@ -102,5 +147,28 @@ def filter_grad_groups_cpu(x, dy, dw) -> bool:
     partial = np.empty((x.shape[0], kh * kw * x.shape[3], dw.shape[3]), dw.dtype)
     with threads_for(x.nbytes + dy.nbytes):
         _filter_grad(x, dy, partial, kh, kw)
+    _sum_images(partial, dw.reshape(partial.shape[1:]))
+    return True
+
+
+def pooled_filter_grad_cpu(x, idx, g, dw, out_hw) -> bool:
+    """dw[...] = conv2d_backprop_filter(x, dy) where dy (N, *out_hw, O) is the gradient a
+    2x2 max pool of stride 2 (VALID) routes by its argmax (kernels/pool.py
+    max_pool_grad_argmax_cpu): the bits of the two kernels one after the other, without
+    writing dy. x as filter_grad_groups_cpu takes it; False (nothing written) for other
+    operands."""
+    kh, kw = dw.shape[0], dw.shape[1]
+    n, o = g.shape[0], g.shape[3]
+    if not (x.ndim == dw.ndim == 4 and g.ndim == 4 and idx.shape == g.shape
+            and idx.dtype == np.int8 and x.dtype == g.dtype == dw.dtype
+            and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous
+            and idx.flags.c_contiguous and g.flags.c_contiguous and dw.flags.c_contiguous
+            and dw.shape[2] == x.shape[3] and dw.shape[3] == o
+            and tuple(out_hw) == (x.shape[1] - kh + 1, x.shape[2] - kw + 1)
+            and g.shape[1:3] == (out_hw[0] // 2, out_hw[1] // 2) and x.shape[0] == n):
+        return False
+    partial = np.empty((n, kh * kw * x.shape[3], o), dw.dtype)
+    with threads_for(x.nbytes + g.nbytes * 4):
+        _pooled_filter_grad(x, idx, g, partial, kh, kw, out_hw[0], out_hw[1])
     _sum_images(partial, dw.reshape(partial.shape[1:]))
     return True

@@ -1,9 +1,11 @@
 """Fused epilogues: a matmul or conv2d with its bias add and activation in its output pass,
-and relu's gradient with the bias gradient's column sum in one pass. Nobody writes these:
-the compile pass passes/epilogue.py makes them from the differentiated graph
-(matmul/conv2d -> add(bias) -> relu | gelu, and relu_grad -> reduce_sum over all axes but
-the last) when fused kernels are on, so they are not differentiable. Each eqn keeps the
-names of the ops it replaced in its `members` param, which every view prints.
+relu's gradient with the bias gradient's column sum in one pass, and a first layer's filter
+gradient that makes its dy from a max pool's argmax as it goes. Nobody writes these: the
+compile pass passes/epilogue.py makes them from the differentiated graph (matmul/conv2d ->
+add(bias) -> relu | gelu, relu_grad -> reduce_sum over all axes but the last,
+max_pool2d_grad_argmax -> conv2d_backprop_filter) when fused kernels are on, so they are
+not differentiable. Each eqn keeps the names of the ops it replaced in its `members` param,
+which every view prints.
 
 Each op's generic impl here is xp-generic numpy/CuPy; the CPU runs its kernel entry
 (runtime/adapters/epilogue.py: the Numba epilogue passes, with numpy twins that give the
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 from graphdist.errors import ShapeError
 from graphdist.ir.types import ArrayType
 from graphdist.ops.conv import (EPILOGUE_BYTES, _conv2d_shape, _conv_cost, bias_act_numpy,
-                                conv2d_blocks)
+                                conv2d_backprop_filter_p, conv2d_blocks)
 from graphdist.ops.core import Op, same_dtype
 from graphdist.ops.math import relu_grad_p
+from graphdist.ops.pool import max_pool2d_grad_argmax_p
 from graphdist.ops.special import gelu_p
 
 # the activations an epilogue applies: "none", relu, and gelu in its exact (erf) and tanh
@@ -250,3 +253,46 @@ def _relu_grad_bias_sum_impl(xp, ct, y, *, members):
 
 relu_grad_bias_sum_p.def_cost(lambda ins, outs, **_: (
     2 * outs[0].size, sum(t.nbytes for t in (*ins, *outs))))
+
+# ---------------------------------------------------------------- conv2d_backprop_filter_pooled
+# conv2d_backprop_filter(x, max_pool2d_grad_argmax(idx, g)) for a 2x2 max pool of stride 2
+# (VALID) over the convolution's output: on the CPU one pass that makes each group of
+# outputs' dy from the pool's argmax and gradient as it adds their products into the filter
+# gradient (kernels/conv_filter.py), never writing dy (the tutorial CNN's first layer: 22
+# MB at batch 256). passes/epilogue.py makes it where the pool's gradient is read only by
+# the filter gradient (a first layer: no input gradient) and the filter gradient runs as
+# kernels/conv_filter.py's groups.
+
+POOL = {"ksize": (2, 2), "strides": (2, 2), "padding": "VALID"}
+
+conv2d_backprop_filter_pooled_p = Op("conv2d_backprop_filter_pooled", cost_kind="matmul",
+                                     differentiable=False)
+
+
+@conv2d_backprop_filter_pooled_p.def_shape
+def _pooled_filter_grad_shape(x, idx, g, *, input_size, filter_size, strides, padding,
+                              dilations, members):
+    dy = max_pool2d_grad_argmax_p.out_types(idx, g, input_size=input_size, **POOL)
+    return conv2d_backprop_filter_p.out_types(x, dy, filter_size=filter_size, strides=strides,
+                                              padding=padding, dilations=dilations)
+
+
+def pooled_filter_grad_out(xp, dw, x, idx, g, *, input_size, members, **conv) -> None:
+    """The two ops one after the other: the reference the CPU kernel gives the bits of."""
+    dy = max_pool2d_grad_argmax_p.impl(xp, idx, g, input_size=input_size, **POOL)
+    conv2d_backprop_filter_p.out_impl(xp, dw, x, dy, **conv)
+
+
+conv2d_backprop_filter_pooled_p.def_out(pooled_filter_grad_out)
+
+
+@conv2d_backprop_filter_pooled_p.def_impl
+def _pooled_filter_grad_impl(xp, x, idx, g, *, filter_size, **params):
+    dw = xp.empty((*filter_size, x.shape[3], g.shape[3]), x.dtype)
+    pooled_filter_grad_out(xp, dw, x, idx, g, filter_size=filter_size, **params)
+    return dw
+
+
+conv2d_backprop_filter_pooled_p.def_cost(lambda ins, outs, **p: (
+    2 * 4 * ins[2].size * outs[0].size // outs[0].shape[3],
+    sum(t.nbytes for t in (*ins, *outs))))

@@ -23,6 +23,11 @@ both there), with fused kernels on, on host devices (those running the CPU kerne
    writes each window's first max as an int8 tap index and the gradient reads that, not x
    (22 MB at batch 256 for the tutorial CNN's first layer, which x's last use then frees
    after the forward pass). The same bits.
+5. conv2d_backprop_filter(x, max_pool2d_grad_argmax(idx, dy)) for a 2x2 pool of stride 2,
+   the pool's gradient read by nothing else (a first layer: no input gradient), where the
+   filter gradient runs as kernels/conv_filter.py's groups (ops/conv.py
+   filter_grad_groups_fit) -> conv2d_backprop_filter_pooled: the routed gradient is never
+   written. The same bits as the two ops.
 
 Merged replicas (passes/merge.py) convolve every replica's batch at once and add each
 replica's bias on a (replicas, N, ...) view of the result: step 1 folds through that
@@ -41,10 +46,10 @@ import numpy as np
 from graphdist.device.backends import on_host
 from graphdist.ir import Eqn, Graph, Var
 from graphdist.ops.array import reshape_p
-from graphdist.ops.conv import conv2d_p
+from graphdist.ops.conv import conv2d_backprop_filter_p, conv2d_p, filter_grad_groups_fit
 from graphdist.ops.core import normalize_axis
-from graphdist.ops.epilogue import (GELU_FORMS, conv2d_bias_act_p, matmul_bias_act_p,
-                                    relu_grad_bias_sum_p)
+from graphdist.ops.epilogue import (GELU_FORMS, POOL, conv2d_bias_act_p, matmul_bias_act_p,
+                                    conv2d_backprop_filter_pooled_p, relu_grad_bias_sum_p)
 from graphdist.ops.math import add_p, matmul_p, relu_grad_p, relu_p, sum_p
 from graphdist.ops.pool import (argmax_fits, max_pool2d_argmax_p, max_pool2d_grad_argmax_p,
                                 max_pool2d_grad_p, max_pool2d_p)
@@ -69,6 +74,8 @@ def fold_epilogues(g: Graph) -> Graph:
         g = _fold_backward(g)
     if max_pool2d_grad_p in ops:
         g = _pool_argmax(g)
+        if conv2d_backprop_filter_p in ops:
+            g = _pool_grad_into_filter_grad(g)
     return g
 
 
@@ -360,3 +367,33 @@ def _same_value(g: Graph, producer: dict, a, b) -> bool:
 def _derived(hint, what: str):
     """The hint of a value a pass makes from another's: `h.what` (None without one)."""
     return f"{hint}.{what}" if hint else None
+
+
+def _pool_grad_into_filter_grad(g: Graph) -> Graph:
+    uses = _Uses(g)
+    producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
+    replaced: dict = {}
+    for i, eqn in enumerate(g.eqns):
+        if eqn.op is not conv2d_backprop_filter_p or not on_host(eqn.device) or \
+                not all(isinstance(v, Var) for v in eqn.inputs):
+            continue
+        x, dy = eqn.inputs
+        p = producer.get(dy)
+        if p is None or p in replaced or uses.only_reader(dy) != i:
+            continue
+        pool, params = g.eqns[p], dict(eqn.params)
+        pool_params = dict(pool.params)
+        if pool.op is not max_pool2d_grad_argmax_p or pool.device != eqn.device or \
+                {k: pool_params[k] for k in POOL} != POOL or \
+                filter_grad_groups_fit(x.ty.shape, dy.ty.shape[3], dtype=x.ty.dtype,
+                                       **params) is None:
+            continue
+        replaced[p] = None
+        replaced[i] = Eqn(conv2d_backprop_filter_pooled_p, (x, *pool.inputs), eqn.outputs,
+                          tuple(sorted({**params, "input_size": pool_params["input_size"],
+                                        "members": (pool.op.name, eqn.op.name)}.items())),
+                          device=eqn.device, scope=eqn.scope, source=eqn.source)
+    if not replaced:
+        return g
+    eqns = [replaced.get(i, e) for i, e in enumerate(g.eqns)]
+    return replace(g, eqns=tuple(e for e in eqns if e is not None))

@@ -124,3 +124,40 @@ def test_convolutions_outside_its_fit_run_the_gemms(case):
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0], conv2d_backprop_filter_p.impl(np, x, dy, **params),
                                rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(3, (10, 12), 1, 16, (3, 3)), (2, (9, 11), 3, 5, (3, 3)),
+                                   (2, (8, 7), 2, 3, (2, 3))], ids=str)
+def test_the_pooled_form_gives_the_bits_of_the_pool_gradient_then_the_filter_gradient(shape):
+    """conv2d_backprop_filter_pooled (a 2x2 max pool's gradient, routed by its argmax, into
+    the filter gradient) against the pool's gradient kernel then the groups kernel, and
+    against both twins, bit for bit: odd output sizes (rows and columns no window reaches),
+    ties."""
+    from graphdist.kernels.conv_filter import pooled_filter_grad_cpu
+    from graphdist.ops import OPS
+
+    n, hw, c, o, k_hw = shape
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((n, *hw, c)).astype(np.float32)
+    out_hw = (hw[0] - k_hw[0] + 1, hw[1] - k_hw[1] + 1)
+    a = rng.integers(0, 3, (n, *out_hw, o)).astype(np.float32)          # ties
+    pool = {"ksize": (2, 2), "strides": (2, 2), "padding": "VALID"}
+    _, idx = OPS["max_pool2d_argmax"].impl(np, a, **pool)
+    g = rng.standard_normal(idx.shape).astype(np.float32)
+    g.reshape(-1)[::5] = -0.0
+    dy = np.empty_like(a)
+    kernel_table.entry("cpu", "max_pool2d_grad_argmax").out(dy, idx, g, input_size=out_hw,
+                                                            **pool)
+    want = np.empty((*k_hw, c, o), np.float32)
+    assert filter_grad_groups_cpu(x, dy, want)
+    got = np.full_like(want, np.nan)
+    assert pooled_filter_grad_cpu(x, idx, g, got, out_hw)
+    np.testing.assert_array_equal(got, want)
+    entry = kernel_table.entry("cpu", "conv2d_backprop_filter_pooled")
+    params = {**P, "filter_size": k_hw, "input_size": out_hw,
+              "members": ("max_pool2d_grad_argmax", "conv2d_backprop_filter")}
+    for form in (entry.out, entry.numpy_out):
+        out = np.full_like(want, np.nan)
+        form(out, x, idx, g, **params)
+        np.testing.assert_array_equal(out, want)
+    np.testing.assert_allclose(want, _ref(x, dy, k_hw), rtol=2e-5, atol=2e-4)

@@ -403,3 +403,44 @@ def test_a_pool_whose_windows_do_not_overlap_routes_its_gradient_by_its_argmax(
     np.testing.assert_array_equal(loss1, loss0)
     for a, b0 in zip(g1, g0):
         np.testing.assert_array_equal(a, b0)
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_a_first_layer_s_filter_gradient_reads_the_pool_s_argmax(channels, monkeypatch):
+    """conv + bias + relu + 2x2 max pool on the inputs (no input gradient): the pool's
+    routed gradient, read only by the filter gradient, fuses into it
+    (conv2d_backprop_filter_pooled)
+    where the filter gradient runs as kernels/conv_filter.py's groups (fewer than four
+    input channels); the same bits as without that fusion. Four channels: the GEMM form,
+    no fusion."""
+    from graphdist.passes import epilogue
+
+    x, w, b = _params("conv", channels, True, seed=11)
+
+    def run():
+        vs = [gd.Variable(a, name=n) for a, n in zip((w, b), "wb")]
+
+        @gd.function
+        def step(x, t):
+            with gd.GradientTape() as tape:
+                h = gd.nn.max_pool2d(_conv_layer(x, vs[0], vs[1], "relu"), 2, 2, "VALID")
+                loss = gd.reduce_sum(h * t)
+            return loss, tape.gradient(loss, vs)
+
+        t = np.random.default_rng(12).standard_normal((4, 4, 4, 8)).astype(np.float32)
+        return step(x, t), step.replicated_graph
+
+    (loss1, g1), fused = run()
+    monkeypatch.setattr(epilogue, "_pool_grad_into_filter_grad", lambda g: g)
+    (loss0, g0), kept = run()
+    ops = _ops(fused)
+    if channels >= 4:
+        assert "conv2d_backprop_filter_pooled" not in ops and ops == _ops(kept)
+        return
+    (node,) = [e for e in fused.eqns if e.op.name == "conv2d_backprop_filter_pooled"]
+    assert "max_pool2d_grad_argmax" not in ops and "max_pool2d_grad_argmax" in _ops(kept)
+    assert dict(node.params)["members"] == ("max_pool2d_grad_argmax", "conv2d_backprop_filter")
+    assert node.inputs[1].ty.dtype == np.int8                # the forward pass's argmax
+    np.testing.assert_array_equal(loss1, loss0)
+    for a, b0 in zip(g1, g0):
+        np.testing.assert_array_equal(a, b0)

@@ -186,6 +186,40 @@ register_kernel("conv2d_backprop_filter", kind="cpu", out=True, numpy=_filter_gr
                 exact=True, reduces=True)(_filter_grad(_groups_cpu))
 
 
+def _pooled_filter_grad(twin: bool):
+    """conv2d_backprop_filter_pooled's CPU form (ops/epilogue.py): kernels/conv_filter.py's
+    pooled kernel where the filter gradient runs as groups; else, and as the numpy twin, the
+    pool's gradient into a buffer, then the filter gradient, each in the same form (kernel
+    or twin): the same bits whichever runs."""
+    filter_grad = _filter_grad(_groups_numpy if twin else _groups_cpu)
+
+    def run(dw, x, idx, g, *, input_size, members, **params):
+        from graphdist.ops.conv import filter_grad_groups_fit, padded
+        from graphdist.ops.epilogue import POOL
+
+        pads = filter_grad_groups_fit(x.shape, g.shape[3], dtype=x.dtype, **params)
+        if not twin and pads is not None and dw.flags.c_contiguous:
+            from graphdist.kernels.conv_filter import pooled_filter_grad_cpu
+
+            if pooled_filter_grad_cpu(padded(np, x, pads), np.ascontiguousarray(idx),
+                                      np.ascontiguousarray(g), dw, tuple(input_size)):
+                return
+        if twin:
+            dy = _op("max_pool2d_grad_argmax").impl(np, idx, g, input_size=input_size, **POOL)
+        else:
+            dy = np.empty((g.shape[0], *input_size, g.shape[3]), g.dtype)
+            max_pool2d_grad_argmax_cpu(dy, idx, g, input_size=input_size, **POOL)
+        filter_grad(dw, x, dy, **params)
+
+    run.__name__ = run.__qualname__ = f"pooled_filter_grad_{'numpy' if twin else 'cpu'}"
+    return run
+
+
+register_kernel("conv2d_backprop_filter_pooled", kind="cpu", out=True,
+                numpy=_pooled_filter_grad(True), exact=True,
+                reduces=True)(_pooled_filter_grad(False))
+
+
 
 # ---------------------------------------------------------------- transformer blocks
 
