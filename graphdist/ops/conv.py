@@ -163,15 +163,20 @@ def conv2d_blocks(xp, out, x, f, finish, *, strides, padding, dilations) -> None
     """out[...] = conv2d(x, f), one block of whole images at a time (patches and output
     together at most EPILOGUE_BYTES): im2col, one GEMM into the block's rows of out, then
     `finish(part, rows)` (part: the block's slice of the batch; rows: its (R, O) view of
-    out) while they are still in cache. The fused forms' (epilogues') output pass."""
+    out) while they are still in cache. The fused forms' (epilogues') output pass. out
+    None: each block goes into one scratch block instead, which `finish` consumes (a
+    convolution whose output only a pool reads)."""
     out_hw, pads = window_geometry("conv2d", x.shape[1:3], f.shape[:2], strides, dilations,
                                    padding, "")
     o = f.shape[3]
     per_image = out_hw[0] * out_hw[1] * (f[..., 0].size + o) * x.itemsize
     parts = _image_chunks(x.shape[0], per_image, EPILOGUE_BYTES)
     buf = _patch_buffer(xp, parts, x, f.shape[:2], out_hw)
+    scratch = None if out is not None else xp.empty(
+        (max(p.stop - p.start for p in parts), *out_hw, o), x.dtype)
     for part in parts:
-        rows = out[part].reshape(-1, o)
+        rows = (out[part] if out is not None else scratch[:part.stop - part.start]
+                ).reshape(-1, o)
         cols = _im2col(xp, x[part], f.shape[:2], strides, dilations, out_hw, pads, buf)
         xp.matmul(cols, f.reshape(-1, o), out=rows)
         finish(part, rows)

@@ -22,13 +22,15 @@ from graphdist.ops.conv import (EPILOGUE_BYTES, _conv2d_shape, _conv_cost, bias_
                                 conv2d_backprop_filter_p, conv2d_blocks)
 from graphdist.ops.core import Op, same_dtype
 from graphdist.ops.math import relu_grad_p
-from graphdist.ops.pool import max_pool2d_grad_argmax_p
+from graphdist.ops.pool import max_pool2d_argmax_p, max_pool2d_grad_argmax_p
+from graphdist.ops.window import window_geometry
 from graphdist.ops.special import gelu_p
 
 # the activations an epilogue applies: "none", relu, and gelu in its exact (erf) and tanh
 # (GPT-2's, approximate=True) forms
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
 GELU_FORMS = {"gelu": False, "gelu_tanh": True}      # act -> gelu's `approximate`
+POOL = {"ksize": (2, 2), "strides": (2, 2), "padding": "VALID"}   # the pools fused here
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,13 @@ class EpilogueForms:
     add) and applies relu in place on (R, O) rows; `gelu(x, out, approximate)` writes
     gelu(x) into `out` (never x itself: the CPU kernel vectorizes only on distinct
     buffers); `relu_grad_sum(dz, db, ct, y)` writes relu_grad(ct, y) into dz and its column
-    sums into db."""
+    sums into db; `pool_argmax(a, y, idx)` writes the 2x2 max pool of stride 2 of a (N, H,
+    W, C) into y and its argmax into idx (ops/pool.py max_pool2d_argmax)."""
 
     bias_act: object
     gelu: object
     relu_grad_sum: object
+    pool_argmax: object
 
 
 def generic_forms(xp) -> EpilogueForms:
@@ -49,8 +53,11 @@ def generic_forms(xp) -> EpilogueForms:
     def gelu(x, out, approximate):
         gelu_p.out_impl(xp, out, x, approximate=approximate)
 
+    def pool_argmax(a, y, idx):
+        y[...], idx[...] = max_pool2d_argmax_p.impl(xp, a, **POOL)
+
     return EpilogueForms(functools.partial(bias_act_numpy, xp), gelu,
-                         functools.partial(relu_grad_sum_numpy, xp))
+                         functools.partial(relu_grad_sum_numpy, xp), pool_argmax)
 
 
 def _outputs(outs) -> tuple:
@@ -195,6 +202,55 @@ conv2d_bias_act_p.def_cost(lambda ins, outs, **_: (
     _conv_cost(ins[:2], outs[:1], rows_macs=outs[0].size * ins[1].size // ins[1].shape[3])[0]
     + 2 * outs[0].size, sum(t.nbytes for t in (*ins, *outs))))
 
+# ---------------------------------------------------------------- conv2d_bias_act_pool
+# conv2d_bias_act followed by a 2x2 max pool of stride 2 with its argmax (ops/pool.py
+# max_pool2d_argmax) that is its output's only reader: each block of images is convolved,
+# biased, activated and pooled while in cache, and only the pooled values and their argmax
+# are written (the tutorial CNN's first layer: its 22 MB activation never is). The same
+# bits as the two ops. passes/epilogue.py makes it after the argmax rewrite.
+
+conv2d_bias_act_pool_p = Op("conv2d_bias_act_pool", num_outputs=2, cost_kind="matmul",
+                            differentiable=False)
+
+
+@conv2d_bias_act_pool_p.def_shape
+def _conv2d_bias_act_pool_shape(x, f, *bias, strides, padding, dilations, act, has_bias,
+                                members):
+    if act not in ("none", "relu"):
+        raise ValueError(f"conv2d_bias_act_pool: act must be 'none' or 'relu', got {act!r}")
+    (out,) = _conv2d_bias_act_shape(x, f, *bias, strides=strides, padding=padding,
+                                    dilations=dilations, act=act, has_bias=has_bias,
+                                    keep=False, members=members)
+    return max_pool2d_argmax_p.out_types(out, **POOL)
+
+
+def conv2d_bias_act_pool_out(xp, outs, x, f, *bias, strides, padding, dilations, act,
+                             has_bias, members, forms: EpilogueForms | None = None):
+    """outs = (pooled y, argmax idx): per block of images, conv2d_bias_act's output pass
+    into a scratch block, then the pool of that block."""
+    forms = forms or generic_forms(xp)
+    y, idx = outs
+    b = bias[0] if bias else None
+    out_hw, _ = window_geometry("conv2d", x.shape[1:3], f.shape[:2], strides, dilations,
+                                padding, "")
+
+    def finish(part, rows):
+        _finish(forms, rows, rows, b, act)
+        forms.pool_argmax(rows.reshape(part.stop - part.start, *out_hw, f.shape[3]), y[part],
+                          idx[part])
+
+    conv2d_blocks(xp, None, x, f, finish, strides=strides, padding=padding,
+                  dilations=dilations)
+
+
+conv2d_bias_act_pool_p.def_out(conv2d_bias_act_pool_out)
+conv2d_bias_act_pool_p.def_impl(_impl_from_out(_conv2d_bias_act_pool_shape,
+                                               conv2d_bias_act_pool_out))
+conv2d_bias_act_pool_p.def_cost(lambda ins, outs, **_: (
+    2 * 4 * outs[0].size * ins[1].size // ins[1].shape[3] + 10 * outs[0].size,
+    sum(t.nbytes for t in (*ins, *outs))))
+
+
 # ---------------------------------------------------------------- relu_grad_bias_sum
 # dz = relu_grad(ct, y) and db = dz summed over every axis but the last (the bias
 # gradient), in one pass over ct and y: the sum reads no dz back (the tutorial CNN's first
@@ -262,8 +318,6 @@ relu_grad_bias_sum_p.def_cost(lambda ins, outs, **_: (
 # MB at batch 256). passes/epilogue.py makes it where the pool's gradient is read only by
 # the filter gradient (a first layer: no input gradient) and the filter gradient runs as
 # kernels/conv_filter.py's groups.
-
-POOL = {"ksize": (2, 2), "strides": (2, 2), "padding": "VALID"}
 
 conv2d_backprop_filter_pooled_p = Op("conv2d_backprop_filter_pooled", cost_kind="matmul",
                                      differentiable=False)

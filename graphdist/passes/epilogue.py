@@ -28,6 +28,10 @@ both there), with fused kernels on, on host devices (those running the CPU kerne
    filter gradient runs as kernels/conv_filter.py's groups (ops/conv.py
    filter_grad_groups_fit) -> conv2d_backprop_filter_pooled: the routed gradient is never
    written. The same bits as the two ops.
+6. max_pool2d_argmax(conv2d_bias_act(x, f, b)) for a 2x2 pool of stride 2, the conv's
+   output (relu or no activation) read by nothing else -> conv2d_bias_act_pool: each block
+   of images pooled in cache as it is made, the activation never written whole. The same
+   bits.
 
 Merged replicas (passes/merge.py) convolve every replica's batch at once and add each
 replica's bias on a (replicas, N, ...) view of the result: step 1 folds through that
@@ -48,8 +52,9 @@ from graphdist.ir import Eqn, Graph, Var
 from graphdist.ops.array import reshape_p
 from graphdist.ops.conv import conv2d_backprop_filter_p, conv2d_p, filter_grad_groups_fit
 from graphdist.ops.core import normalize_axis
-from graphdist.ops.epilogue import (GELU_FORMS, POOL, conv2d_bias_act_p, matmul_bias_act_p,
-                                    conv2d_backprop_filter_pooled_p, relu_grad_bias_sum_p)
+from graphdist.ops.epilogue import (GELU_FORMS, POOL, conv2d_backprop_filter_pooled_p,
+                                    conv2d_bias_act_p, conv2d_bias_act_pool_p,
+                                    matmul_bias_act_p, relu_grad_bias_sum_p)
 from graphdist.ops.math import add_p, matmul_p, relu_grad_p, relu_p, sum_p
 from graphdist.ops.pool import (argmax_fits, max_pool2d_argmax_p, max_pool2d_grad_argmax_p,
                                 max_pool2d_grad_p, max_pool2d_p)
@@ -76,6 +81,8 @@ def fold_epilogues(g: Graph) -> Graph:
         g = _pool_argmax(g)
         if conv2d_backprop_filter_p in ops:
             g = _pool_grad_into_filter_grad(g)
+    if max_pool2d_argmax_p in {eqn.op for eqn in g.eqns}:
+        g = _pool_into_conv(g)
     return g
 
 
@@ -393,6 +400,34 @@ def _pool_grad_into_filter_grad(g: Graph) -> Graph:
                           tuple(sorted({**params, "input_size": pool_params["input_size"],
                                         "members": (pool.op.name, eqn.op.name)}.items())),
                           device=eqn.device, scope=eqn.scope, source=eqn.source)
+    if not replaced:
+        return g
+    eqns = [replaced.get(i, e) for i, e in enumerate(g.eqns)]
+    return replace(g, eqns=tuple(e for e in eqns if e is not None))
+
+
+def _pool_into_conv(g: Graph) -> Graph:
+    uses = _Uses(g)
+    producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
+    replaced: dict = {}
+    for i, pool in enumerate(g.eqns):
+        if pool.op is not max_pool2d_argmax_p or dict(pool.params) != POOL or \
+                not isinstance(pool.inputs[0], Var):
+            continue
+        a = pool.inputs[0]
+        c = producer.get(a)
+        if c is None or c in replaced or uses.only_reader(a) != i:
+            continue
+        conv, params = g.eqns[c], dict(g.eqns[c].params)
+        if conv.op is not conv2d_bias_act_p or params["keep"] or \
+                params["act"] not in ("none", "relu") or conv.device != pool.device:
+            continue
+        del params["keep"]
+        params["members"] = (*params["members"], pool.op.name)
+        replaced[c] = None
+        replaced[i] = Eqn(conv2d_bias_act_pool_p, conv.inputs, pool.outputs,
+                          tuple(sorted(params.items())), device=conv.device,
+                          scope=pool.scope, source=pool.source)
     if not replaced:
         return g
     eqns = [replaced.get(i, e) for i, e in enumerate(g.eqns)]

@@ -78,6 +78,37 @@ def test_conv2d_bias_act_kernel_twin_and_definition(act, bias, shape):
             np.testing.assert_allclose(got[0], pre, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("act", ["none", "relu"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [((6, 28, 28, 1), 32), ((5, 13, 13, 32), 64),
+                                   ((3, 10, 9, 3), 5)])
+def test_conv2d_bias_act_pool_gives_the_bits_of_the_conv_then_the_pool(act, bias, shape):
+    """conv2d_bias_act_pool (the 2x2 max pool of stride 2 with its argmax run on each block
+    of the convolution's output while in cache) against conv2d_bias_act then
+    max_pool2d_argmax, kernels and twins, bit for bit: odd sizes (a last row and column no
+    window reads), integer-valued inputs (ties)."""
+    from graphdist.ops import OPS
+    from graphdist.ops.epilogue import POOL, conv2d_bias_act_pool_p
+
+    (xs, o), rng = shape, np.random.default_rng(4)
+    x = rng.integers(-2, 3, xs).astype(np.float32)
+    f = rng.integers(-1, 2, (3, 3, xs[3], o)).astype(np.float32)
+    b = rng.integers(-1, 2, o).astype(np.float32)
+    ins = (x, f, b) if bias else (x, f)
+    members = ("conv2d", "add", act)[:3 if bias else 1] + ("max_pool2d_argmax",)
+    params = dict(P, act=act, has_bias=bias, members=members)
+    a = _run(_entry(conv2d_bias_act_p).out, conv2d_bias_act_p, ins,
+             dict(P, act=act, has_bias=bias, keep=False, members=members[:-1]))[0]
+    y, idx = OPS["max_pool2d_argmax"].impl(np, a, **POOL)
+    entry = _entry(conv2d_bias_act_pool_p)
+    for form in (entry.out, entry.numpy_out):
+        got_y, got_idx = np.full_like(y, np.nan), np.full_like(idx, 9)
+        form((got_y, got_idx), *ins, **params)
+        np.testing.assert_array_equal(got_y, y)
+        np.testing.assert_array_equal(got_idx, idx)
+    np.testing.assert_array_equal(conv2d_bias_act_pool_p.impl(np, *ins, **params)[1], idx)
+
+
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("x_shape", [(64, 40), (4, 33, 40)])
 def test_matmul_bias_act_kernel_twin_and_definition(act, x_shape):

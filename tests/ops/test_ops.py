@@ -537,6 +537,7 @@ INTERNAL_TESTED_ELSEWHERE = {
     "conv2d_bias_act": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
     "relu_grad_bias_sum": "tests/passes/test_epilogue.py, tests/kernels/test_conv_epilogue.py",
     "max_pool2d_argmax": "tests/kernels/test_pool_argmax.py, tests/passes/test_epilogue.py",
+    "conv2d_bias_act_pool": "tests/kernels/test_conv_epilogue.py, tests/passes/test_epilogue.py",
     "conv2d_backprop_filter_pooled": "tests/kernels/test_conv_filter.py, "
                                      "tests/passes/test_epilogue.py",
     "max_pool2d_grad_argmax": "tests/kernels/test_pool_argmax.py, "

@@ -185,6 +185,7 @@ def test_a_cnn_with_max_pooling_trains_to_the_same_bits_on_either_form():
         with strategy.scope():
             k = gd.Variable((rng.standard_normal((3, 3, 1, 16)) * 0.3).astype(np.float32))
             k2 = gd.Variable((rng.standard_normal((3, 3, 16, 8)) * 0.1).astype(np.float32))
+            b2 = gd.Variable((rng.standard_normal(8) * 0.1).astype(np.float32))
             w = gd.Variable((rng.standard_normal((6 * 6 * 8, 10)) * 0.05)
                             .astype(np.float32))
             opt = gd.optimizers.Adam(1e-2)
@@ -198,16 +199,17 @@ def test_a_cnn_with_max_pooling_trains_to_the_same_bits_on_either_form():
                 with gd.GradientTape() as tape:
                     h = gd.nn.max_pool2d(gd.relu(gd.nn.conv2d(x, k, 1, "VALID")), 2, 2,
                                          "VALID")
-                    h = gd.nn.conv2d(h, k2, 1, "VALID")    # its input gradient: col2im
+                    # its input gradient: col2im; its bias and relu: conv2d_bias_act
+                    h = gd.relu(gd.nn.conv2d(h, k2, 1, "VALID") + b2)
                     h = gd.nn.max_pool2d(h, 3, 1, "SAME")   # overlapping: no argmax
                     h = gd.nn.max_pool2d(h, 2, 2, "SAME")   # padded: the general argmax
                     logits = gd.reshape(h, (h.shape[0], -1)) @ w
                     loss = gd.reduce_mean(gd.nn.sparse_softmax_cross_entropy(y, logits))
-                opt.apply_gradients(zip(tape.gradient(loss, [k, k2, w]), [k, k2, w]))
+                opt.apply_gradients(zip(tape.gradient(loss, [k, k2, b2, w]), [k, k2, b2, w]))
                 return loss
             return strategy.reduce(gd.ReduceOp.MEAN, strategy.run(replica_fn, args=(x, y)))
 
-        return step, [k, k2, w], (x, y)
+        return step, [k, k2, b2, w], (x, y)
     assert_same_bits(make)
 
 

@@ -31,9 +31,11 @@ def _forms(twin: bool):
 
     if twin:
         return EpilogueForms(lambda rows, bias, relu: bias_act_numpy(np, rows, bias, relu),
-                             gelu, lambda dz, db, ct, y: relu_grad_sum_numpy(np, dz, db, ct, y))
+                             gelu, lambda dz, db, ct, y: relu_grad_sum_numpy(np, dz, db, ct, y),
+                             generic.pool_argmax)
     from graphdist.kernels.conv import bias_act_cpu
     from graphdist.kernels.epilogue import relu_grad_sum_cpu
+    from graphdist.kernels.pool import max_pool_argmax_cpu
 
     def bias_act(rows, bias, relu):
         if rows.flags.c_contiguous:
@@ -45,7 +47,10 @@ def _forms(twin: bool):
         if not relu_grad_sum_cpu(dz, db, ct, y, SUM_ROWS):
             relu_grad_sum_numpy(np, dz, db, ct, y)
 
-    return EpilogueForms(bias_act, gelu, relu_grad_sum)
+    def pool_argmax(a, y, idx):
+        max_pool_argmax_cpu(a, y, idx, (2, 2), (2, 2), (0, 0))
+
+    return EpilogueForms(bias_act, gelu, relu_grad_sum, pool_argmax)
 
 
 def _outputs_of(outs) -> tuple:
@@ -85,6 +90,7 @@ def _adapters(op_name: str, runner: str, by_images: bool = False) -> tuple:
 
 for _op, _runner, _by_images in (("matmul_bias_act", "matmul_bias_act_out", False),
                                  ("conv2d_bias_act", "conv2d_bias_act_out", True),
+                                 ("conv2d_bias_act_pool", "conv2d_bias_act_pool_out", True),
                                  ("relu_grad_bias_sum", "relu_grad_bias_sum_out", False)):
     _kernel, _twin = _adapters(_op, _runner, _by_images)
     register_kernel(_op, kind="cpu", out=True, numpy=_twin, exact=True)(_kernel)
