@@ -309,6 +309,24 @@ def test_views_show_the_fused_nodes_and_their_members(tmp_path):
     assert "members=(conv2d,add,relu)" in page
 
 
+def _pooled_conv_step(x, w, b, pool, t_shape, seed):
+    """((loss, gradients of x, w and b), replicated graph) of sum(max_pool(relu(conv(x, w)
+    + b)) * t) for a random t of t_shape; pool: (ksize, stride, padding)."""
+    ksize, stride, padding = pool
+    vs = [gd.Variable(a, name=n) for a, n in zip((x, w, b), "xwb")]
+
+    @gd.function
+    def step(t):
+        with gd.GradientTape() as tape:
+            h = gd.nn.max_pool2d(_conv_layer(vs[0], vs[1], vs[2], "relu"), ksize, stride,
+                                 padding)
+            loss = gd.reduce_sum(h * t)
+        return loss, tape.gradient(loss, vs)
+
+    t = np.random.default_rng(seed).standard_normal(t_shape).astype(np.float32)
+    return step(t), step.replicated_graph
+
+
 @pytest.mark.parametrize("pool", [(2, 2, "VALID"), (3, 2, "SAME")])
 def test_relu_gradient_moves_before_the_pool_gradient(pool, without_epilogues):
     """conv + bias + relu + max pool: relu's gradient and the bias gradient's sum run on the
@@ -319,18 +337,7 @@ def test_relu_gradient_moves_before_the_pool_gradient(pool, without_epilogues):
     x[0, :3, :3, :] = -5.0                       # some windows all negative after relu
 
     def run():
-        vs = [gd.Variable(a, name=n) for a, n in zip((x, w, b), "xwb")]
-
-        @gd.function
-        def step(t):
-            with gd.GradientTape() as tape:
-                h = gd.nn.max_pool2d(_conv_layer(vs[0], vs[1], vs[2], "relu"), ksize, stride,
-                                     padding)
-                loss = gd.reduce_sum(h * t)
-            return loss, tape.gradient(loss, vs)
-
-        t = np.random.default_rng(5).standard_normal((4, 4, 4, 8)).astype(np.float32)
-        return step(t), step.replicated_graph
+        return _pooled_conv_step(x, w, b, pool, (4, 4, 4, 8), seed=5)
 
     (loss1, g1), fused = run()
     without_epilogues()
@@ -374,19 +381,8 @@ def test_a_pool_whose_windows_do_not_overlap_routes_its_gradient_by_its_argmax(
     x = np.round(x * 2)                          # ties in the windows
 
     def run():
-        vs = [gd.Variable(a, name=n) for a, n in zip((x, w, b), "xwb")]
-
-        @gd.function
-        def step(t):
-            with gd.GradientTape() as tape:
-                h = gd.nn.max_pool2d(_conv_layer(vs[0], vs[1], vs[2], "relu"), ksize, stride,
-                                     padding)
-                loss = gd.reduce_sum(h * t)
-            return loss, tape.gradient(loss, vs)
-
         out_hw = -(-8 // stride) if padding == "SAME" else (8 - ksize) // stride + 1
-        t = np.random.default_rng(7).standard_normal((4, out_hw, out_hw, 8))
-        return step(t.astype(np.float32)), step.replicated_graph
+        return _pooled_conv_step(x, w, b, pool, (4, out_hw, out_hw, 8), seed=7)
 
     (loss1, g1), rewritten = run()
     monkeypatch.setattr(epilogue, "_pool_argmax", lambda g: g)
