@@ -325,7 +325,6 @@ def _fold_backward(g: Graph) -> Graph:
     return replace(g, eqns=tuple(e for e in eqns if e is not None))
 
 
-
 def _pool_argmax(g: Graph) -> Graph:
     producer = {v: i for i, e in enumerate(g.eqns) for v in e.outputs}
     replaced: dict = {}
@@ -344,10 +343,10 @@ def _pool_argmax(g: Graph) -> Graph:
                 dict(pool.params) != params or pool.device != grad.device or \
                 not argmax_fits(params["ksize"], params["strides"]):
             continue
-        if p not in index_of:
-            y0 = pool.outputs[0]          # named after the pooled value, so that every
-            index_of[p] = Var(max_pool2d_argmax_p.out_types(x.ty, **params)[1],  # replica's
-                              _derived(y0.hint, "argmax"), y0.device)          # prints alike
+        if p not in index_of:     # named after the pooled value: every replica prints alike
+            y0 = pool.outputs[0]
+            index_of[p] = Var(max_pool2d_argmax_p.out_types(x.ty, **params)[1],
+                              _derived(y0.hint, "argmax"), y0.device)
             replaced[p] = replace(pool, op=max_pool2d_argmax_p,
                                   outputs=(pool.outputs[0], index_of[p]))
         replaced[i] = replace(grad, op=max_pool2d_grad_argmax_p, inputs=(index_of[p], dy),
