@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 from collections.abc import Sequence
 
 import numba
@@ -83,18 +84,48 @@ def tensor_list(arrays: Sequence[np.ndarray]) -> typed.List:
 PARALLEL_MIN_BYTES = 1 << 20
 
 
+# The Numba thread count each thread's parallel kernels run on, kept here per thread and
+# set only when it changes: numba.set_num_threads and get_num_threads cost about 25 us a
+# call (a lock and the thread pool's launch check), and one thread for each small kernel
+# and back again took ~0.8 ms of each device program of the tutorial CNN's step (four of
+# them with a thread per device). A small kernel leaves the count at one; the next large
+# one sets it back to what its thread wants (want_numba_threads).
+_numba = threading.local()
+
+
+def want_numba_threads(n: int | None) -> int | None:
+    """This thread's large parallel kernels run on n threads from now on (None: every
+    Numba thread); returns what it wanted before."""
+    before = getattr(_numba, "wanted", None)
+    _numba.wanted = n
+    return before
+
+
+def _use_numba_threads(n: int) -> None:
+    n = max(1, min(n, config.NUMBA_NUM_THREADS))
+    if getattr(_numba, "now", None) != n:
+        numba.set_num_threads(n)
+        _numba.now = n
+
+
 @contextlib.contextmanager
-def threads_for(nbytes: int):
-    """Run the parallel kernels inside on one thread when the work is small."""
-    if nbytes >= PARALLEL_MIN_BYTES:
-        yield
-        return
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
+def numba_threads(n: int):
+    """The parallel kernels this thread launches inside run on n threads where large (a
+    test of a kernel's bits against the thread count)."""
+    before = want_numba_threads(n)
     try:
         yield
     finally:
-        numba.set_num_threads(before)
+        want_numba_threads(before)
+
+
+@contextlib.contextmanager
+def threads_for(nbytes: int):
+    """Run the parallel kernels inside on one thread when the work is small, else on the
+    threads their thread wants (want_numba_threads)."""
+    wanted = getattr(_numba, "wanted", None) or config.NUMBA_NUM_THREADS
+    _use_numba_threads(1 if nbytes < PARALLEL_MIN_BYTES else wanted)
+    yield
 
 
 TUPLE_SIZES = (4, 8, 16)   # compile time grows fast with the size: 64 took minutes

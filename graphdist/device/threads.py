@@ -110,7 +110,6 @@ def _prefer_avx512_blas() -> None:
 
 _prefer_avx512_blas()
 
-_local = threading.local()
 _lock = threading.Lock()
 _blas_now = [None]
 
@@ -171,14 +170,15 @@ def set_blas_threads(n: int | None) -> None:
         _blas_now[0] = n
 
 
-def set_numba_threads(n: int) -> None:
-    """Numba's parallel kernels launched from this thread use n threads (thread-local)."""
-    if getattr(_local, "numba", None) == n or "numba" not in sys.modules:
-        return
-    import numba
+def set_numba_threads(n: int | None) -> int | None:
+    """Numba's large parallel kernels launched from this thread use n threads from now on
+    (thread-local; None: every Numba thread; kernels/common.py sets it when the next one
+    runs). Returns what the thread wanted before. Nothing before Numba is loaded."""
+    if "numba" not in sys.modules:
+        return None
+    from graphdist.kernels.common import want_numba_threads
 
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    _local.numba = n
+    return want_numba_threads(n)
 
 
 # ---------------------------------------------------------------- thread pools
@@ -256,11 +256,13 @@ def side_by_side(runs: list, out_bytes: int) -> None:
     if not _split_pool:
         _split_pool.append(ForkSafePool(every - 1, "graphdist-split"))
     before, share = _blas_now[0], max(1, every // len(runs))
-    numba_before = _numba_threads()
 
     def with_share(run):
-        set_numba_threads(share)       # thread-local: this part's Numba kernels too
-        run()
+        wanted = set_numba_threads(share)      # thread-local: this part's Numba kernels too
+        try:
+            run()
+        finally:
+            set_numba_threads(wanted)
 
     set_blas_threads(share)
     try:
@@ -270,14 +272,3 @@ def side_by_side(runs: list, out_bytes: int) -> None:
             f.result()
     finally:
         set_blas_threads(before)
-        if numba_before is not None:
-            set_numba_threads(numba_before)
-
-
-def _numba_threads() -> int | None:
-    """This thread's Numba thread count, None before Numba is loaded."""
-    if "numba" not in sys.modules:
-        return None
-    import numba
-
-    return numba.get_num_threads()

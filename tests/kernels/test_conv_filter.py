@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from graphdist.ir.types import ArrayType
+from graphdist.kernels.common import numba_threads
 from graphdist.kernels.conv_filter import filter_grad_groups_cpu
 from graphdist.ops.conv import (FILTER_GROUP_ACCUMULATORS, conv2d_backprop_filter_p, conv2d_p,
                                 filter_grad_groups_fit, filter_grad_groups_numpy)
@@ -55,15 +56,11 @@ def test_the_kernel_gives_its_twin_s_bits_and_the_definition_s_values(shape, dty
 def test_the_bits_do_not_depend_on_the_thread_count():
     x, dy = _operands(np.random.default_rng(1), 64, (28, 28), 1, 32, (3, 3))
     outs = []
-    before = numba.get_num_threads()
-    for threads in sorted({1, before}):
-        numba.set_num_threads(threads)
-        try:
+    for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        with numba_threads(threads):
             out = np.empty((3, 3, 1, 32), np.float32)
             assert filter_grad_groups_cpu(x, dy, out)
             outs.append(out)
-        finally:
-            numba.set_num_threads(before)
     for out in outs[1:]:
         np.testing.assert_array_equal(outs[0], out)
 

@@ -478,6 +478,8 @@ def test_layer_norm_grad_kernel_is_the_same_bits_on_any_thread_count():
     """dgamma/dbeta sum per row block, a fixed number of blocks: the thread count changes
     nothing (300 rows: big enough to run in parallel, 64 blocks of 5 rows, some empty)."""
     import numba
+
+    from graphdist.kernels.common import numba_threads
     from graphdist.kernels.layer_norm import layer_norm_grad_cpu, layer_norm_grad_ref
 
     rng = np.random.default_rng(7)
@@ -485,14 +487,10 @@ def test_layer_norm_grad_kernel_is_the_same_bits_on_any_thread_count():
     ct = rng.standard_normal(x.shape).astype(np.float32)
     gamma = rng.uniform(0.5, 1.5, 1000).astype(np.float32)
     runs = []
-    before = numba.get_num_threads()
-    for threads in sorted({1, before}):
-        numba.set_num_threads(threads)
+    for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
         outs = (np.empty_like(x), np.empty_like(gamma), np.empty_like(gamma))
-        try:
+        with numba_threads(threads):
             assert layer_norm_grad_cpu(ct, x, gamma, 1e-5, 1, *outs)
-        finally:
-            numba.set_num_threads(before)
         runs.append(outs)
     for got, want in zip(runs[0], layer_norm_grad_ref(ct, x, gamma, 1e-5)):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
@@ -668,7 +666,7 @@ def test_a_trace_error_names_the_op_the_shapes_and_the_line():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_kernels_match_the_formula_and_any_thread_count(dtype):
-    import numba
+    from graphdist.kernels.common import numba_threads
     from graphdist.kernels.softmax import softmax_cpu, softmax_grad_cpu
 
     rng = np.random.default_rng(7)
@@ -685,14 +683,10 @@ def test_softmax_kernels_match_the_formula_and_any_thread_count(dtype):
         assert softmax_grad_cpu(g, y, dx)
         y64 = y.astype(F64)
         np.testing.assert_allclose(dx, y64 * (g - (g * y64).sum(-1, keepdims=True)), **tol)
-        before = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
+        with numba_threads(1):
             one, done = np.empty_like(x), np.empty_like(x)
             softmax_cpu(x, mask, one)
             softmax_grad_cpu(g, y, done)
-        finally:
-            numba.set_num_threads(before)
         np.testing.assert_array_equal(one, y)
         np.testing.assert_array_equal(done, dx)
     assert not softmax_cpu(x[..., ::2], None, np.empty((3, 2, 5, 3), dtype))

@@ -38,14 +38,13 @@ def every_core():
     """The other replicas wait for a collective node (with a thread per device it runs in
     the first device's), so its kernel may use every core, not one worker's share (also
     a decorator)."""
-    import numba
+    from graphdist.kernels.common import want_numba_threads
 
-    before = numba.get_num_threads()
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    before = want_numba_threads(None)
     try:
         yield
     finally:
-        numba.set_num_threads(before)
+        want_numba_threads(before)
 
 
 @register_kernel("host_reduce_update", kind="cpu", numpy=numpy_updates.reduce_update,
