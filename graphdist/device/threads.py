@@ -123,13 +123,20 @@ def set_processes_per_host(count: int) -> None:
     _processes_per_host[0] = max(1, int(count))
 
 
+_affinity_of: dict = {}     # pid -> _affinity(): asked ~11 times a CNN step, 8 us each
+
+
 def _affinity() -> tuple[int, int]:
-    """(the cores this process may run on, the host's cores)."""
-    try:
-        mine = len(os.sched_getaffinity(0))
-        return mine, os.cpu_count() or mine
-    except AttributeError:
-        return (os.cpu_count() or 1,) * 2
+    """(the cores this process may run on, the host's cores), read once per process (a
+    worker is pinned when it starts, before graphdist runs anything)."""
+    pid = os.getpid()
+    if pid not in _affinity_of:
+        try:
+            mine = len(os.sched_getaffinity(0))
+            _affinity_of[pid] = (mine, os.cpu_count() or mine)
+        except AttributeError:
+            _affinity_of[pid] = (os.cpu_count() or 1,) * 2
+    return _affinity_of[pid]
 
 
 def cores() -> int:

@@ -34,6 +34,7 @@ def test_share_of_cores_per_worker():
 
 
 def test_workers_give_way_only_when_more_of_them_than_cores_share_the_host(monkeypatch):
+    monkeypatch.setattr(threads, "_affinity_of", {})   # read once per process: read anew
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(threads, "_processes_per_host", [2])
@@ -41,6 +42,7 @@ def test_workers_give_way_only_when_more_of_them_than_cores_share_the_host(monke
     monkeypatch.setattr(threads, "_processes_per_host", [4])
     assert threads.oversubscribed()              # 4 on 2: yield while waiting
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
+    threads._affinity_of.clear()                 # (a process pinned as it starts)
     assert not threads.oversubscribed()          # pinned apart by mpiexec: a core each
 
 
