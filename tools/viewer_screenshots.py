@@ -32,7 +32,7 @@ SHOTS = {
     "inspect-collectives.png": {"model": "mlp", "query": "host_", "zoom_out": 2,
                                 "pan": [150, -160], "hover": ""},
     "inspect-cnn.png": {"model": "cnn", "query": "", "zoom_out": 0, "pan": [0, 0],
-                        "hover": "out l@0:"},     # conv2d_1's conv2d_bias_act on cpu:0
+                        "hover": "out m@0:"},     # conv2d_1's conv2d_bias_act_pool, cpu:0
 }
 
 ACTIONS = """

@@ -426,7 +426,7 @@ def _pool_into_conv(g: Graph) -> Graph:
         replaced[c] = None
         replaced[i] = Eqn(conv2d_bias_act_pool_p, conv.inputs, pool.outputs,
                           tuple(sorted(params.items())), device=conv.device,
-                          scope=pool.scope, source=pool.source)
+                          scope=conv.scope, source=conv.source)   # the conv layer's node
     if not replaced:
         return g
     eqns = [replaced.get(i, e) for i, e in enumerate(g.eqns)]
