@@ -62,6 +62,14 @@ def time_steps(step, sync=lambda r: r, warmup: int = 5, repeat: int = 20,
             "first_call_s": first}
 
 
+def timed_with_losses(step) -> dict:
+    """time_steps(step) with the first three losses the steps returned ("losses"), so the
+    contenders can be checked to train alike."""
+    losses = []
+    result = time_steps(step, sync=lambda loss: losses.append(float(loss)))
+    return {**result, "losses": losses[:3]}
+
+
 def jax_step(loss_fn, update, params, state, x, y, n: int):
     """run() -> loss of one training step: jit on one device, or pmap over `n` host devices
     with the gradients and the loss averaged across them (x, y: the global batch)."""
@@ -119,9 +127,7 @@ def tf_time_replica_fn(strategy, replica_fn, x, y, reduce_op: str = "MEAN") -> d
 
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
     batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
-    losses = []
-    result = time_steps(lambda: step(batch), sync=lambda loss: losses.append(float(loss)))
-    return {**result, "losses": losses[:3]}
+    return timed_with_losses(lambda: step(batch))
 
 
 def one_device_only(script: str, devices: int, why: str = "") -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 def main() -> None:
     from bench.peers.common import (LSTM_LR, LSTM_WIDTH, lstm_data, lstm_init, one_device_args,
-                                    report, time_steps)
+                                    report, timed_with_losses)
 
     one_device_args("jax_lstm")
     import jax
@@ -52,10 +52,8 @@ def main() -> None:
         state["params"], loss = train(state["params"], xs, ys)
         return loss
 
-    losses = []
-    r = time_steps(step, sync=lambda loss: losses.append(float(loss)))
     report({"peer": "JAX jit (lax.scan)", "devices": 1, "optimizer": "sgd",
-            "losses": losses[:3], **r})
+            **timed_with_losses(step)})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 
 def main() -> None:
-    from bench.peers.common import LR, cnn_data, cnn_init, one_device_args, report, time_steps
+    from bench.peers.common import (LR, cnn_data, cnn_init, one_device_args, report,
+                                    timed_with_losses)
 
     one_device_args("torch_cnn", "the 4-replica rows compare TF and JAX")
     import torch
@@ -39,10 +40,8 @@ def main() -> None:
         opt.step()
         return loss
 
-    losses = []
-    r = time_steps(step, sync=lambda loss: losses.append(float(loss)))
-    report({"peer": "PyTorch eager", "devices": 1, "optimizer": "adam", "losses": losses[:3],
-            **r})
+    report({"peer": "PyTorch eager", "devices": 1, "optimizer": "adam",
+            **timed_with_losses(step)})
 
 
 if __name__ == "__main__":

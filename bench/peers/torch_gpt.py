@@ -24,7 +24,7 @@ def main(model: Model = GPT_MODEL) -> None:
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    from bench.peers.common import LR, one_device_only, report, time_steps
+    from bench.peers.common import LR, one_device_only, report, timed_with_losses
 
     one_device_only("torch_gpt", args.devices, "the 4-replica rows compare TF and JAX")
     import torch
@@ -80,10 +80,9 @@ def main(model: Model = GPT_MODEL) -> None:
     if args.profile:
         report({"peer": "PyTorch eager", "ops_s": profile(step)})
         return
-    losses = []
-    r = time_steps(step, sync=lambda loss: losses.append(float(loss)))
-    report({"peer": "PyTorch eager", "devices": 1, "optimizer": "adam", "losses": losses[:3],
-            "parameters": parameter_count(t.shape for t in p.values()), **r})
+    report({"peer": "PyTorch eager", "devices": 1, "optimizer": "adam",
+            "parameters": parameter_count(t.shape for t in p.values()),
+            **timed_with_losses(step)})
 
 
 def profile(step, repeat: int = 5) -> dict:
