@@ -7,7 +7,8 @@ from one run (absolute times drift between runs; the ratio is what to trust).
 Each revision runs as the wheel lays the package out (kernels/ and examples/ inside
 graphdist/), put first on PYTHONPATH: nothing is installed. The steps: the 784-1024-1024-10
 MLP with Adam on 4 logical devices (batch 256), the tutorial CNN and the character GPT on
-one device, each the median of its timed calls after warm-up and the kernels' loading.
+one device and on the 4 logical devices (each replica a quarter of the batch), each the
+median of its timed calls after warm-up and the kernels' loading.
 """
 
 from __future__ import annotations
@@ -54,9 +55,15 @@ cnn_batch = cnn_data()
 gpt, _ = make_gpt_step(one)
 ids = rng.integers(0, VOCAB, (32, CONTEXT + 1)).astype(np.int32)
 gpt_batch = (ids[:, :-1], ids[:, 1:])
+cnn4, _ = make_cnn_step(four)
+cnn4_batch = next(iter(four.experimental_distribute_dataset([cnn_batch])))
+gpt4, _ = make_gpt_step(four)
+gpt4_batch = next(iter(four.experimental_distribute_dataset([gpt_batch])))
 print(json.dumps({"MLP x4 (Adam)": median_ms(lambda: mlp(batch), 30),
                   "CNN x1": median_ms(lambda: cnn(cnn_batch), 15),
-                  "GPT x1": median_ms(lambda: gpt(gpt_batch), 15)}))
+                  "GPT x1": median_ms(lambda: gpt(gpt_batch), 15),
+                  "CNN x4": median_ms(lambda: cnn4(cnn4_batch), 15),
+                  "GPT x4": median_ms(lambda: gpt4(gpt4_batch), 15)}))
 """
 
 

@@ -104,7 +104,10 @@ class OneDeviceExecutable:
 
 
 class MultiDeviceExecutable:
-    """Runs a replicated graph: one program per device, all at once."""
+    """Runs a replicated graph: one program per group of devices, the groups at once, one
+    worker thread each. A group is one device where there are cores enough for one thread
+    per device; with more devices than cores, the devices are shared out among one thread
+    per core (see `device_groups`)."""
 
     def __init__(self, placed: Graph, variables: dict, profile: bool = False,
                  shared_results=()):
@@ -116,13 +119,16 @@ class MultiDeviceExecutable:
         self.replicas = len(self.devices)
         self.args_per_replica = placed.replication.args_per_replica
         self.results_per_replica = placed.replication.results_per_replica
+        self.groups = device_groups(self.replicas, threads.cores())
+        group_of = {self.devices[d]: k for k, group in enumerate(self.groups) for d in group}
         producer = {v: v.device for v in placed.inputs}
         for eqn in placed.eqns:
             producer.update((v, eqn.device) for v in eqn.outputs)
         crossing = {}
 
         def cross(v, reader: str) -> None:
-            if isinstance(v, Var) and producer[v] != reader and v not in crossing:
+            if isinstance(v, Var) and group_of[producer[v]] != group_of[reader] \
+                    and v not in crossing:
                 crossing[v] = Channel(f"{v.hint or 'a value'} from {producer[v]}")
 
         for eqn in placed.eqns:
@@ -132,37 +138,46 @@ class MultiDeviceExecutable:
             for v in self._outputs_of(d):
                 cross(v, device)
         self.channels = list(crossing.values())
-        self.programs = [self._program(d, device, crossing, producer)
-                         for d, device in enumerate(self.devices)]
-        self.source = "\n\n".join(f"# ---- {dev}\n{p.source}"
-                                  for dev, p in zip(self.devices, self.programs))
-        self.pool = threads.ForkSafePool(self.replicas - 1, "graphdist-device")
-        self.threads = threads.share(self.replicas)
+        self.programs = [self._program(group, crossing, producer) for group in self.groups]
+        self.source = "\n\n".join(
+            f"# ---- {', '.join(self.devices[d] for d in group)}\n{p.source}"
+            for group, p in zip(self.groups, self.programs))
+        self.pool = threads.ForkSafePool(len(self.groups) - 1, "graphdist-device")
+        self.threads = threads.share(len(self.groups))
         self.mirrored = _mirrored(variables[r] for r in placed.variables)
 
-    def _program(self, d: int, device: str, crossing: dict, producer: dict):
+    def _program(self, group: tuple, crossing: dict, producer: dict):
+        """The program of the devices `group` (indices): their nodes in the placed graph's
+        order, which every group follows, so a group waits only for values made earlier in
+        that order and no two groups wait for each other."""
         g = self.graph
         a = self.args_per_replica
         n_states = len(g.variables) // self.replicas
-        eqns = tuple(e for e in g.eqns if e.device == device)
-        reads = [v for e in eqns for v in e.inputs] + list(self._outputs_of(d))
+        devices = tuple(self.devices[d] for d in group)
+        eqns = tuple(e for e in g.eqns if e.device in devices)
+        outputs = [v for d in group for v in self._outputs_of(d)]
+        reads = [v for e in eqns for v in e.inputs] + outputs
         imports = {v: crossing[v].wait for v in reads
-                   if isinstance(v, Var) and v in crossing and producer[v] != device}
-        args = g.inputs[d * a:(d + 1) * a]
-        states = g.inputs[self.replicas * a + d * n_states:self.replicas * a + (d + 1) * n_states]
-        # what another device reads: values this device's eqns make, and its own arguments
-        # and variable states (a collective on cpu:0 reading cpu:1's argument waited for
-        # a value nobody sent, until the collective timeout)
-        made_here = [v for e in eqns for v in e.outputs] + list(args) + list(states)
+                   if isinstance(v, Var) and v in crossing and producer[v] not in devices}
+        args = [v for d in group for v in g.inputs[d * a:(d + 1) * a]]
+        first_state = self.replicas * a
+        states = [v for d in group for v in
+                  g.inputs[first_state + d * n_states:first_state + (d + 1) * n_states]]
+        # what another group reads: values these devices' eqns make, and their own
+        # arguments and variable states (a collective on cpu:0 reading cpu:1's argument
+        # waited for a value nobody sent, until the collective timeout)
+        made_here = [v for e in eqns for v in e.outputs] + args + states
         exports = {v: crossing[v].post for v in made_here if v in crossing}
-        variables = g.variables[d * n_states:(d + 1) * n_states]
-        results, finals = self._results_of(d), self._finals_of(d)
+        variables = [v for d in group for v in g.variables[d * n_states:(d + 1) * n_states]]
+        results = [v for d in group for v in self._results_of(d)]
+        finals = [v for d in group for v in self._finals_of(d)]
         sub = Graph(inputs=tuple(args) + tuple(imports) + tuple(states), eqns=eqns,
                     outputs=tuple(results) + tuple(finals), variables=tuple(variables),
-                    devices=(device,))
+                    devices=devices)
         storage = {s: _storage(s, self.variables[v]) for s, v in zip(states, variables)}
-        return lower(sub, backend_for(device), storage, imports=imports, exports=exports,
-                     events=[] if self.profile else None, replica_devices=self.devices)
+        return lower(sub, backend_for(devices[0]), storage, imports=imports,
+                     exports=exports, events=[] if self.profile else None,
+                     replica_devices=self.devices)
 
     def _results_of(self, d: int) -> tuple:
         return self.returned[d]
@@ -175,13 +190,21 @@ class MultiDeviceExecutable:
     def _outputs_of(self, d: int) -> tuple:
         return self._results_of(d) + self._finals_of(d)
 
-    def _run_device(self, d: int, args):
+    def _run_group(self, k: int, arrays):
         threads.set_numba_threads(self.threads)
+        a = self.args_per_replica
         try:
-            return self.programs[d](*args)
+            flat = self.programs[k](*[x for d in self.groups[k]
+                                       for x in arrays[d * a:(d + 1) * a]])
         except BaseException:
-            self._abort()        # wake every device waiting on a value this one will not send
+            self._abort()        # wake every group waiting on a value this one will not send
             raise
+        per, i = [], 0
+        for d in self.groups[k]:
+            n = len(self.returned[d])
+            per.append(flat[i:i + n])
+            i += n
+        return per
 
     def __call__(self, arrays):
         """arrays: the argument arrays of every replica, replica after replica."""
@@ -189,29 +212,38 @@ class MultiDeviceExecutable:
         for ch in self.channels:
             ch.reset()
         threads.set_blas_threads(self.threads)
-        a = self.args_per_replica
-        futures = [self.pool.submit(self._run_device, d, arrays[d * a:(d + 1) * a])
-                   for d in range(1, self.replicas)]
-        results, errors = [None] * self.replicas, [None] * self.replicas
+        futures = [self.pool.submit(self._run_group, k, arrays)
+                   for k in range(1, len(self.groups))]
+        results, errors = [None] * len(self.groups), [None] * len(self.groups)
         try:
-            results[0] = self._run_device(0, arrays[:a])
+            results[0] = self._run_group(0, arrays)
         except BaseException as e:  # noqa: BLE001 - every failure must stop the others
             errors[0] = e
             self._abort()
-        for d, f in enumerate(futures, start=1):
+        for k, f in enumerate(futures, start=1):
             try:
-                results[d] = f.result()
+                results[k] = f.result()
             except BaseException as e:  # noqa: BLE001
-                errors[d] = e
+                errors[k] = e
                 self._abort()
         real = [e for e in errors if e is not None and not isinstance(e, Aborted)]
         if real or any(errors):
             raise (real or [e for e in errors if e is not None])[0]
-        return results
+        return [per for group in results for per in group]
 
     def _abort(self) -> None:
         for ch in self.channels:
             ch.abort()
+
+
+def device_groups(devices: int, cores: int) -> list[tuple]:
+    """The devices (indices) each worker thread runs: one each where there are cores enough,
+    else `cores` groups of consecutive devices. More worker threads than cores share them
+    by the OS's time slices and hand the interpreter lock around more often; with one per
+    core each runs its devices' programs interleaved as one."""
+    k = max(1, min(devices, cores))
+    bounds = [devices * i // k for i in range(k + 1)]
+    return [tuple(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
 
 def _mirrored(variables) -> list:

@@ -1,5 +1,6 @@
-"""Both ways of running a replicated step: one sequential program (the default for logical
-CPU devices) and one worker thread per device with channels between them. Same bits."""
+"""Both ways of running a replicated step: one sequential program and worker threads (the
+default for logical CPU devices) with channels between them, one per device or, with more
+devices than cores, one per core running its share of the devices. Same bits."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 
 import graphdist as gd
 from graphdist.ops.core import OPS, Op, bind
+from graphdist.runtime import executable
+from graphdist.runtime.executable import device_groups
 
 
 @pytest.fixture(params=["sequential", "threads"])
@@ -98,3 +101,61 @@ def test_failure_in_one_replica_reaches_the_caller_in_both_modes(mode, fails_on_
     assert all(np.array_equal(a, b) for a, b in zip(w.values, before))
     step(good)                                   # still usable
     np.testing.assert_allclose(w.numpy(), before[0] - 0.1)   # mean gradient of ones
+
+
+def test_device_groups_share_the_devices_out_among_the_cores():
+    assert device_groups(4, 2) == [(0, 1), (2, 3)]
+    assert device_groups(3, 2) == [(0,), (1, 2)]
+    assert device_groups(4, 8) == [(0,), (1,), (2,), (3,)]
+    assert device_groups(4, 1) == [(0, 1, 2, 3)]
+    for n in range(1, 9):
+        for cores in range(1, 10):
+            groups = device_groups(n, cores)
+            assert len(groups) == min(n, cores)
+            assert [d for g in groups for d in g] == list(range(n))    # each once, in order
+            assert max(map(len, groups)) - min(map(len, groups)) <= 1
+
+
+GROUPINGS = {"per device": [(0,), (1,), (2,), (3,)], "pairs": [(0, 1), (2, 3)],
+             "one and three": [(0,), (1, 2, 3)], "three and one": [(0, 1, 2), (3,)],
+             "all in one": [(0, 1, 2, 3)]}
+
+
+@pytest.fixture
+def grouped(monkeypatch):
+    """Run the device threads of the steps compiled afterwards in the given groups."""
+    def use(groups):
+        monkeypatch.setattr(executable, "device_groups", lambda devices, cores: groups)
+    gd.config.set_device_concurrency("threads")
+    gd.config.set_collective_timeout(10)          # a group waiting on another fails, not hangs
+    yield use
+    gd.config.set_device_concurrency("auto")
+    gd.config.set_collective_timeout(60)
+
+
+@pytest.mark.parametrize("ops", [None, gd.RingAllReduce(), gd.ReductionToOneDevice()],
+                         ids=["host", "ring", "to_one"])
+@pytest.mark.parametrize("grouping", [k for k in GROUPINGS if k != "per device"])
+def test_devices_grouped_on_fewer_threads_give_the_bits_of_a_thread_each(grouped, grouping,
+                                                                         ops):
+    """A thread running several devices runs their nodes in the placed graph's order, which
+    every thread follows: no two wait for each other (a deadlock would time out), and each
+    device computes what it computes on a thread of its own."""
+    devices = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+    grouped(GROUPINGS["per device"])
+    _, ref, ref_losses = _train(devices, ops)
+    grouped(GROUPINGS[grouping])
+    step, got, losses = _train(devices, ops)
+    assert step._latest().executable.groups == GROUPINGS[grouping]
+    assert len(step._latest().executable.programs) == len(GROUPINGS[grouping])
+    assert losses == ref_losses
+    for a, b in zip(got, ref):
+        assert all(np.array_equal(x, y) for x, y in zip(a.values, b.values))
+
+
+@pytest.mark.parametrize("groups", [[(0,), (1, 2)], [(0, 1), (2,)], [(0, 1, 2)]],
+                         ids=["failing device shares a thread", "alone", "one thread"])
+def test_failure_in_a_grouped_device_names_it_and_stops_the_others(grouped, groups,
+                                                                   fails_on_negative):
+    grouped(groups)
+    test_failure_in_one_replica_reaches_the_caller_in_both_modes("threads", fails_on_negative)

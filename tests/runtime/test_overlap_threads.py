@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from graphdist.device import threads
 from graphdist.ops.host_collectives import host_all_reduce_p, host_reduce_update_p
 from graphdist.runtime.overlap import collective_wait_p, host_all_reduce_start_p
 from overlap_builders import train_mlp
@@ -97,11 +98,13 @@ def test_threads_split_the_buckets_with_compute_behind_them(concurrency):
 
 
 def test_threads_run_the_start_in_the_first_devices_program(concurrency):
-    """The per-device programs: the first device's calls the starts and the waits; the
-    others only hand it their parts and read the results it posts."""
+    """The programs of the device threads: the first device's calls the starts and the
+    waits; the others only hand it their parts and read the results it posts."""
     _, _, step, batch = _mlp("threads", True, steps=1)
-    programs = step._latest().executable.programs
-    assert len(programs) == len(DEVICES)
+    executable = step._latest().executable
+    programs = executable.programs
+    assert len(programs) == len(executable.groups) == min(len(DEVICES), threads.cores())
+    assert executable.groups[0][0] == 0
     first = programs[0].graph.eqns
     assert sum(e.op is host_all_reduce_start_p for e in first) == 4    # the loss, 3 buckets
     assert sum(e.op is collective_wait_p for e in first) == 4
