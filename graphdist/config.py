@@ -128,8 +128,9 @@ def set_device_concurrency(mode: str) -> None:
     process (measured 0.67-0.80x the sequential step for the GPT-2-style and tutorial CNN
     steps on 4 replicas, the MLP 0.87-1.08x: docs/benchmarks.md), "sequential" across MPI
     workers, with sharded optimizer state (zero_stage > 0: its fused node needs one
-    program) and for a step that is mostly a loop of small nodes (a recurrent layer's,
-    whose device threads would contend for the interpreter lock); steps on GPUs always run per device from one thread, each device on its own
+    program) and for a step of small nodes (under 128 KiB a node on average by the cost
+    model: a recurrent layer's, a small MLP's; their device threads would contend for the
+    interpreter lock); steps on GPUs always run per device from one thread, each device on its own
     stream. "merged" (opt-in, logical CPU devices only): the replicas as one program over
     values stacked on a replica axis (one big GEMM instead of one per device, one
     optimizer update for all); every view then says so, and a step that cannot merge runs

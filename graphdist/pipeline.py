@@ -158,31 +158,34 @@ def replicated(graphs: list[Graph], strategy, shared_args=(),
     # the collectives stay in this process (docs/benchmarks.md, "A thread per device by
     # default"); across MPI workers, on GPUs, with sharded optimizer state (whose
     # reduce-scatter, shard updates and all-gather fuse into one node only in one program:
-    # apart, stage 1 took 1.13-1.15x stage 0's step) and for a loop of small nodes
-    # (small_loop_step) one program issues every device
+    # apart, stage 1 took 1.13-1.15x stage 0's step) and for a step of small nodes
+    # (small_node_step) one program issues every device
     sharded = getattr(strategy, "zero_stage", 0) > 0
     threads = all(b.threads for b in backends) and (
         mode == "threads"
-        or mode == "auto" and not across and not sharded and not small_loop_step(graphs[0]))
+        or mode == "auto" and not across and not sharded and not small_node_step(graphs[0]))
     plan = _per_device(graphs, strategy, "threads" if threads else "sequential", stages)
     plan.on_failure = getattr(strategy, "_step_failed", None)
     return plan
 
 
-# A step that is mostly a loop of small nodes runs as one program under "auto": a recurrent
-# layer's step (bench.lstm: 3,630 nodes of 46 KiB on average; the GPT, CNN and MLP steps'
-# 250-1,400 KiB) spends about as long in each node's Python as in its numpy work, and device
-# threads then contend for the interpreter lock: 4 replicas 36.1 ms a thread each, 28.1 ms
-# as one program (interleaved in one process); on 2 cores, 2 threads of 2 devices each
-# (executable.device_groups) 32.3 against 28.4.
+# A step of small nodes runs as one program under "auto": each node's Python then costs about
+# what its numpy work does, and device threads contend for the interpreter lock. A recurrent
+# layer's step (bench.lstm: 3,630 nodes of 46 KiB on average, mostly its scan's body): 4
+# replicas 36.1 ms a thread each, 28.1 ms as one program (interleaved in one process); on 2
+# cores, 2 threads of 2 devices each (executable.device_groups) 32.3 against 28.4. The
+# digits MLP of bench.run_steps on 4 devices and 2 cores, by its batch (KiB a node: one
+# program / 2 threads of 2 devices, ms): 128 (71 KiB) 1.47 / 1.78, 512 (96 KiB) 2.34 /
+# 2.45, 1024 (130 KiB) 3.40 / 3.29. The GPT-2-style, CNN and MLP steps of bench/ (300-1,400
+# KiB a node) take 0.7-0.9x the time with threads.
 SMALL_NODE_BYTES = 128 << 10
 
 
-def small_loop_step(g: Graph) -> bool:
-    """Does one run of `g` execute mostly loop-body eqns, of SMALL_NODE_BYTES or less on
-    average (the cost model's bytes)?"""
-    nodes, in_loops = executed_nodes(g)
-    return 2 * in_loops > nodes and graph_cost(g)[1] < SMALL_NODE_BYTES * nodes
+def small_node_step(g: Graph) -> bool:
+    """Does one run of `g` execute nodes of SMALL_NODE_BYTES or less on average (the cost
+    model's bytes; a loop's body counts once a trip)?"""
+    nodes, _ = executed_nodes(g)
+    return graph_cost(g)[1] < SMALL_NODE_BYTES * nodes
 
 
 def _per_device(graphs, strategy, mode: str, stages: list | None = None) -> Plan:

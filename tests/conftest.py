@@ -39,7 +39,17 @@ def one_program():
     """The replicas on logical CPU devices as one program, device after device
     (set_device_concurrency("sequential")), for tests of the fusions that read every
     replica's buffers in one node (fuse_reduce_update, fuse_sharded_update); the default
-    gives each device a thread of its own."""
+    gives each device a thread of its own where the step's nodes are large."""
     gd.config.set_device_concurrency("sequential")
+    yield
+    gd.config.set_device_concurrency("auto")
+
+
+@pytest.fixture
+def device_threads():
+    """The replicas on logical CPU devices on worker threads (set_device_concurrency(
+    "threads")) whatever their nodes' sizes: "auto" runs a test's small model as one
+    program."""
+    gd.config.set_device_concurrency("threads")
     yield
     gd.config.set_device_concurrency("auto")

@@ -37,13 +37,13 @@ def _batch(strategy):
     return next(iter(strategy.experimental_distribute_dataset([x])))
 
 
-def test_replicated_stages_in_order_each_valid_and_the_last_is_what_runs():
+def test_replicated_stages_in_order_each_valid_and_the_last_is_what_runs(device_threads):
     strategy = gd.MirroredStrategy(DEVICES)
     step = _step(strategy)
     batch = _batch(strategy)
     stages = step.get_stages(batch)
     # overlap (the default) splits the all-reduces with compute left behind them; with a
-    # thread per device (the default on CPU devices) each device updates its own copy
+    # thread per device each device updates its own copy
     assert list(stages) == LOGICAL + ["replicate", "epilogues", "lower_collectives",
                                       "overlap", "fuse_elementwise", "schedule"]
     for name, g in stages.items():
@@ -89,17 +89,21 @@ def test_merged_is_opt_in_and_its_stages_say_merge():
     assert default.replicated_graph.mode_note() == ""
 
 
-@pytest.mark.parametrize("mode, zero_stage, plan_mode", [
-    ("auto", 0, "threads"), ("sequential", 0, "sequential"), ("threads", 0, "threads"),
+@pytest.mark.parametrize("mode, zero_stage, width, plan_mode", [
+    ("auto", 0, 512, "threads"), ("sequential", 0, 512, "sequential"),
+    ("threads", 0, 512, "threads"),
+    # small nodes: their Python costs what their work does, and threads would contend
+    ("auto", 0, 8, "sequential"), ("threads", 0, 8, "threads"),
     # sharded optimizer state: its reduce-scatter, shard updates and all-gather fuse into
     # one node only in one program, so "auto" keeps one there
-    ("auto", 1, "sequential"), ("threads", 1, "threads")])
-def test_the_pipeline_decides_how_replicas_are_issued(mode, zero_stage, plan_mode):
+    ("auto", 1, 512, "sequential"), ("threads", 1, 512, "threads")])
+def test_the_pipeline_decides_how_replicas_are_issued(mode, zero_stage, width, plan_mode):
     strategy = gd.MirroredStrategy(DEVICES[:2], zero_stage=zero_stage)
     gd.config.set_device_concurrency(mode)
     try:
-        step = _step(strategy)
-        step(_batch(strategy))
+        step = _dense_step(strategy, width)
+        x = np.ones((256, width), np.float32) / width
+        step(next(iter(strategy.experimental_distribute_dataset([x]))))
     finally:
         gd.config.set_device_concurrency("auto")
     assert step._latest().plan.mode == plan_mode
@@ -107,6 +111,24 @@ def test_the_pipeline_decides_how_replicas_are_issued(mode, zero_stage, plan_mod
     # wait)
     ops = {e.op.name for e in step.replicated_graph.eqns}
     assert "host_all_reduce_start" in ops
+
+
+def _dense_step(strategy, width: int):
+    """An SGD step of one dense layer of `width` units: 1 MiB weights at 512, 256 bytes at
+    8 (its nodes' sizes decide "auto")."""
+    with strategy.scope():
+        w = gd.Variable(np.eye(width, dtype=np.float32) * 0.5, name="w")
+        opt = gd.optimizers.SGD(0.1)
+
+    @gd.function
+    def step(x):
+        def replica_fn(x):
+            with gd.GradientTape() as tape:
+                loss = gd.reduce_mean(gd.tanh(x @ w) ** 2.0)
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+            return loss
+        return strategy.reduce("mean", strategy.run(replica_fn, args=(x,)))
+    return step
 
 
 def _loop_step(strategy, width: int):
@@ -127,7 +149,8 @@ def _loop_step(strategy, width: int):
 def test_auto_runs_a_loop_of_small_nodes_as_one_program(width, plan_mode):
     """Small loop-body nodes spend as long in their Python as in their numpy work, and
     device threads would contend for the interpreter lock (docs/benchmarks.md, "An LSTM
-    against the peers"): "auto" issues them from one program; large ones a thread each."""
+    against the peers"): "auto" issues them from one program; large ones a thread each. A
+    loop's body counts once a trip."""
     strategy = gd.MirroredStrategy(DEVICES[:2])
     step = _loop_step(strategy, width)
     x = np.ones((512, width), np.float32) / width

@@ -305,7 +305,7 @@ def test_the_models_above_cover_every_exact_fallback():
     assert kernel_table.exact_ops() - COVERED == set()
 
 
-def test_the_program_switches_to_the_kernels_once_they_load():
+def test_the_program_switches_to_the_kernels_once_they_load(device_threads):
     gd.config.set_background_compile(True)
     step, variables, batch = mlp(OPTIMIZERS["adam"], ["cpu:0", "cpu:1"])()
     with warmup.paused():
