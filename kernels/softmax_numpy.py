@@ -45,7 +45,7 @@ def softmax_cpu(x, mask, out) -> bool:
         shifted = np.where(keep & (top > -np.inf), xs - top, -np.inf)
     rows[...] = shifted
     np.exp(rows, out=rows)
-    total = _lane_sums(_products(rows, np.ones(n, rows.dtype)))
+    total = _lane_sums(rows.astype(np.float64))
     t = np.where(total > 0.0, total, 1.0).astype(rows.dtype)[:, None]
     np.divide(rows, t, out=rows)
     return True
