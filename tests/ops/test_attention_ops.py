@@ -401,41 +401,6 @@ def _assert_same_bits(got, want):
     np.testing.assert_array_equal(got[~nan].view(as_int), want[~nan].view(as_int))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n", [64, 7])
-@pytest.mark.parametrize("masked", [False, True], ids=["no mask", "bool mask"])
-def test_softmax_numpy_twins_give_the_kernels_bits(dtype, n, masked):
-    """softmax's numpy forms against its Numba kernels, bit for bit, with or without a mask
-    (the kernel has a path of its own for none): rows holding a NaN, +-inf, signed zeros, a
-    row of -inf only, one of NaN only, and every value masked in one row."""
-    from graphdist.runtime.adapters import nn
-
-    rng = np.random.default_rng(3)
-    x = (rng.standard_normal((6, 5, n)) * 4).astype(dtype)
-    x[0, 0, :3] = [np.nan, np.inf, -np.inf]
-    x[0, 1, :] = -np.inf
-    x[0, 2, :] = np.nan
-    x[0, 3, :2] = [0.0, -0.0]
-    x[0, 4, :] = 0.0
-    x[0, 4, ::2] = -0.0
-    mask = (rng.random((5, n)) > 0.3) if masked else None
-    if masked:
-        mask[2, :] = False                            # a row with nothing kept
-    extra = (mask,) if masked else ()
-    want, got = np.empty_like(x), np.full_like(x, 7.0)
-    nn.softmax_cpu(want, x, *extra)
-    nn.softmax_numpy(got, x, *extra)
-    _assert_same_bits(got, want)
-    np.testing.assert_allclose(want[1:], softmax_formula(x[1:].astype(np.float64),
-                                                         True if mask is None else mask),
-                               rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-7)
-    g = rng.standard_normal(x.shape).astype(dtype)
-    want_g, got_g = np.empty_like(x), np.full_like(x, 7.0)
-    nn.softmax_grad_cpu(want_g, g, want)
-    nn.softmax_grad_numpy(got_g, g, want)
-    _assert_same_bits(got_g, want_g)
-
-
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")      # the reference on NaN, inf
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", [False, True])
@@ -733,13 +698,21 @@ def test_softmax_kernels_match_the_formula_and_any_thread_count(dtype):
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "random"])
 def test_softmax_numpy_twins_give_the_kernels_bits(dtype, n, mask_kind):
     """A first call runs these twins while the kernels compile (runtime/warmup.py): they
-    must give the same bits, tails (n % 4), a NaN logit and fully masked rows included."""
+    must give the same bits, tails (n % 4), a NaN logit and fully masked rows included,
+    and rows of -inf only, of NaN only, with +-inf and with zeros of both signs (the kernel
+    without a mask takes a path of its own)."""
     from graphdist.kernels import softmax as kernel
     from graphdist.kernels import softmax_numpy as twin
 
     rng = np.random.default_rng(n)
     x = (rng.standard_normal((6, n, n)) * 5).astype(dtype)
     x[1, 0, 0] = np.nan
+    x[3, 0, :] = -np.inf
+    x[3, n - 1, :] = np.nan
+    x[4, 0, 0] = np.inf
+    x[4, n - 1, -1] = -np.inf
+    x[5, 0, :] = 0.0
+    x[5, 0, ::2] = -0.0
     mask = {"none": None, "causal": np.tril(np.ones((n, n), bool)),
             "random": rng.random((6, n, n)) > 0.5}[mask_kind]
     if mask is not None and mask.ndim == 3:
