@@ -1,6 +1,6 @@
-"""Thread budgets: with a worker thread per device (or per core), each worker's BLAS and Numba calls must
-use only its share of the cores, or 4 workers x 2 BLAS threads fight over 2 cores (measured:
-a 4-replica MLP step 2.4x slower than with one BLAS thread per worker)."""
+"""Thread budgets: with a worker thread per device (or per core), each worker's BLAS and
+Numba calls must use only its share of the cores, or 4 workers x 2 BLAS threads fight over
+2 cores (measured: a 4-replica MLP step 2.4x slower than with one BLAS thread per worker)."""
 
 from __future__ import annotations
 
