@@ -118,23 +118,31 @@ DEVICE_CONCURRENCY = ("auto", "merged", "sequential", "threads")
 def set_device_concurrency(mode: str) -> None:
     """How a replicated step runs its replicas: one copy per device with the collectives
     between them, what the replicated graph, its views and the profile show, issued as
-    follows. "threads": on CPU devices, one worker thread per device, each running its
-    device's program, events between them; with more devices than cores, one thread per
-    core, each running its share of the devices as one program (their nodes in the
-    replicated graph's order: the tutorial CNN's step on 4 replicas and 2 cores 19.3-21.6
-    -> 17.3 ms, the threads' hand-offs and time slices gone). "sequential": device after device from one
-    program in the calling thread (where the all-reduce and every replica's update fuse
-    into one node). "auto" (the default): "threads" on logical CPU devices within one
-    process (measured 0.67-0.80x the sequential step for the GPT-2-style and tutorial CNN
-    steps on 4 replicas, the MLP 0.87-1.08x: docs/benchmarks.md), "sequential" across MPI
-    workers, with sharded optimizer state (zero_stage > 0: its fused node needs one
-    program) and for a step of small nodes (under 128 KiB a node on average by the cost
-    model: a recurrent layer's, a small MLP's; their device threads would contend for the
-    interpreter lock); steps on GPUs always run per device from one thread, each device on its own
-    stream. "merged" (opt-in, logical CPU devices only): the replicas as one program over
-    values stacked on a replica axis (one big GEMM instead of one per device, one
-    optimizer update for all); every view then says so, and a step that cannot merge runs
-    per device. Applies to steps compiled afterwards.
+    follows.
+
+    "threads": on CPU devices, one worker thread per device, each running its device's
+    program, events between them; with more devices than cores, one thread per core, each
+    running its share of the devices as one program (their nodes in the replicated graph's
+    order: the tutorial CNN's step on 4 replicas and 2 cores 19.3-21.6 -> 17.3 ms, the
+    threads' hand-offs and time slices gone).
+
+    "sequential": device after device from one program in the calling thread (where the
+    all-reduce and every replica's update fuse into one node).
+
+    "auto" (the default): "threads" on logical CPU devices within one process (measured
+    0.67-0.80x the sequential step for the GPT-2-style and tutorial CNN steps on 4
+    replicas, the MLP 0.87-1.08x: docs/benchmarks.md); "sequential" across MPI workers,
+    with sharded optimizer state (zero_stage > 0: its fused node needs one program) and
+    for a step of small nodes (under 128 KiB a node on average by the cost model: a
+    recurrent layer's, a small MLP's; their device threads would contend for the
+    interpreter lock). Steps on GPUs always run per device from one thread, each device
+    on its own stream.
+
+    "merged" (opt-in, logical CPU devices only): the replicas as one program over values
+    stacked on a replica axis (one big GEMM instead of one per device, one optimizer update
+    for all); every view then says so, and a step that cannot merge runs per device.
+
+    Applies to steps compiled afterwards.
     """
     if mode not in DEVICE_CONCURRENCY:
         raise ValueError(f"set_device_concurrency: mode must be one of {DEVICE_CONCURRENCY}, "
