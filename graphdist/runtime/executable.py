@@ -321,12 +321,13 @@ class MergedExecutable:
 
 class SequentialExecutable:
     """Runs a replicated graph over logical CPU devices as ONE generated program, device
-    segments in the replication order, in the calling thread. On a host with few cores
-    this beats a thread per device: numpy's OpenBLAS serializes calls from several threads
-    (measured here: 4 threads x 1 BLAS thread ran a GEMM split in 4 at 0.4x the speed of
-    one thread x 2 BLAS threads), so concurrency only adds hand-offs. Cross-device values
-    are plain references; every device keeps its own buffers. GPU devices always run this
-    way: each queues its work on its own stream, ordered by events (runtime/streams.py)."""
+    segments in the replication order, in the calling thread. It wins where the nodes are
+    small (their Python costs what their work does, and device threads would contend for
+    the interpreter lock: "auto" picks it there, pipeline.py `small_node_step`), and it
+    can fuse each bucket's all-reduce with every replica's update into one node. Cross-
+    device values are plain references; every device keeps its own buffers. GPU devices
+    always run this way: each queues its work on its own stream, ordered by events
+    (runtime/streams.py)."""
 
     def __init__(self, placed: Graph, variables: dict, profile: bool = False,
                  shared_results=()):
