@@ -71,7 +71,9 @@ def _adapters(op_name: str, runner: str, by_images: bool = False) -> tuple:
         def run(outs, *ins, **params):
             if twin not in made:
                 made[twin] = _forms(twin)
-            fn = getattr(importlib.import_module("graphdist.ops.epilogue"), runner)
+                made["runner"] = getattr(importlib.import_module("graphdist.ops.epilogue"),
+                                         runner)
+            fn = made["runner"]        # looked up once: 16 calls a step of the digits MLP
             if by_images:        # each image's rows on their own: split over the cores
                 from graphdist.device.threads import split_batch
 
